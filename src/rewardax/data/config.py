@@ -1,0 +1,46 @@
+"""Settings of the data pipeline (the `data` section of RewardConfig)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+TruncationMode = Literal["keep_end", "keep_start", "filter"]
+OnInvalid = Literal["error", "skip"]
+
+
+@dataclass
+class DataConfig:
+    """How preference rows become device batches.
+
+    Attributes:
+      max_sequence_length: the most tokens one response (prompt + response) may take.
+      truncation_mode: `keep_end` cuts the prompt from the left and keeps the whole response with its
+        reward token; `keep_start` keeps the first tokens and scores the last kept one; `filter` drops
+        the pair.
+      on_invalid: `error` stops at the first malformed row, naming file, row and field; `skip` drops
+        it and counts it by reason.
+      append_eos: append the tokenizer's EOS token to plain-text responses that do not end with it.
+      margin_from_scores: when rows carry `score_chosen` / `score_rejected`, use their difference
+        (times `margin_scale`) as the margin.
+      margin_scale: factor applied to a margin built from scores.
+      num_workers: Grain worker processes that tokenize rows (0 tokenizes in the main process).
+      shuffle: shuffle the training rows each epoch (seeded by RewardConfig.seed).
+      length_group_window: rows drawn together and sorted by length before being cut into batches,
+        so batches hold pairs of similar length (1 turns length grouping off).
+      bucket_lengths: the padded lengths a batch may have; empty means powers of two from 64 up to
+        max_sequence_length (which is always included).
+      prefetch: batches prepared ahead of the training step.
+    """
+
+    max_sequence_length: int = 512
+    truncation_mode: TruncationMode = "keep_end"
+    on_invalid: OnInvalid = "error"
+    append_eos: bool = True
+    margin_from_scores: bool = False
+    margin_scale: float = 1.0
+    num_workers: int = 0
+    shuffle: bool = True
+    length_group_window: int = 64
+    bucket_lengths: tuple[int, ...] = ()
+    prefetch: int = 2
