@@ -1,0 +1,186 @@
+"""The jitted training and evaluation steps: pure functions of (state arrays, batch).
+
+A batch is a dict of arrays with the pair axis explicit (see `rewardax.data`):
+  input_ids [B, 2, T] int32 (index 0 = chosen, 1 = rejected), attention_mask [B, 2, T],
+  reward_index [B, 2] int32, margin [B] float32, pair_mask [B] float32 (0 = padding pair).
+Both responses of every pair go through the model in ONE forward pass of shape [2B, T].
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import optax
+from flax import nnx
+
+from rewardax import losses
+
+Batch = dict[str, jax.Array]
+Arrays = dict[str, Any]
+
+
+def pair_rewards(model: nnx.Module, batch: Batch, *, dropout_rng: jax.Array | None = None):
+    """Scores both responses of each pair in one forward pass.
+
+    Returns:
+      (chosen [B], rejected [B]) float32 rewards (first score head output).
+    """
+    input_ids = batch["input_ids"]
+    b, two, t = input_ids.shape
+    kwargs = {}
+    if dropout_rng is not None:
+        kwargs = {"deterministic": False, "dropout_rng": dropout_rng}
+    out = model(
+        input_ids.reshape(b * two, t),
+        batch["attention_mask"].reshape(b * two, t),
+        reward_positions=batch["reward_index"].reshape(b * two),
+        **kwargs,
+    )
+    rewards = out.logits[:, 0].astype(jnp.float32).reshape(b, two)
+    return rewards[:, 0], rewards[:, 1]
+
+
+def _sums(chosen, rejected, margin, pair_mask, center_coefficient):
+    """Per-batch SUMS over real pairs (not means): summed sums over microbatches and devices
+    divided by the real pair count give exactly the one-large-batch value."""
+    mask = pair_mask.astype(jnp.float32)
+    per_pair = losses.bradley_terry_loss(chosen, rejected, margin)
+    if center_coefficient:
+        per_pair = per_pair + center_coefficient * losses.centering_penalty(chosen, rejected)
+    return {
+        "loss": jnp.sum(per_pair * mask),
+        "accuracy": jnp.sum(losses.pairwise_accuracy(chosen, rejected) * mask),
+        "margin": jnp.sum((chosen - rejected) * mask),
+        "chosen_reward": jnp.sum(chosen * mask),
+        "rejected_reward": jnp.sum(rejected * mask),
+        "reward_sq": jnp.sum((chosen**2 + rejected**2) * mask),
+        "num_pairs": jnp.sum(mask),
+    }
+
+
+def _finish(sums: dict[str, jax.Array]) -> dict[str, jax.Array]:
+    """Turns summed statistics into means over the real pairs of the whole (global) batch."""
+    n = jnp.maximum(sums["num_pairs"], 1.0)
+    mean_reward = (sums["chosen_reward"] + sums["rejected_reward"]) / (2 * n)
+    var = sums["reward_sq"] / (2 * n) - mean_reward**2
+    return {
+        "loss": sums["loss"] / n,
+        "accuracy": sums["accuracy"] / n,
+        "margin": sums["margin"] / n,
+        "chosen_reward": sums["chosen_reward"] / n,
+        "rejected_reward": sums["rejected_reward"] / n,
+        "reward_std": jnp.sqrt(jnp.maximum(var, 0.0)),
+        "num_pairs": sums["num_pairs"],
+    }
+
+
+def _microbatches(batch: Batch, accumulation_steps: int) -> Batch:
+    """[B, ...] -> [A, B/A, ...] taking every A-th pair, so that each device's shard of the batch
+    holds its share of every microbatch (a contiguous split would put a microbatch on few devices)."""
+
+    def split(x):
+        b = x.shape[0]
+        return x.reshape(b // accumulation_steps, accumulation_steps, *x.shape[1:]).swapaxes(0, 1)
+
+    return jax.tree.map(split, batch)
+
+
+def make_train_step(
+    graphdef,
+    optimizer: optax.GradientTransformation,
+    schedule: optax.Schedule,
+    *,
+    accumulation_steps: int = 1,
+    center_coefficient: float | None = None,
+    dropout: bool = False,
+) -> Callable[[Arrays, Batch], tuple[Arrays, dict[str, jax.Array]]]:
+    """Builds `train_step(arrays, batch) -> (new_arrays, metrics)` (not yet jitted).
+
+    Gradients are accumulated over `accumulation_steps` microbatches inside the step (a `lax.scan`);
+    each microbatch's loss is its SUM over real pairs divided by the real pairs of the whole batch,
+    so the update equals one large batch's. If the loss or the gradient norm is not finite the
+    update is not applied (parameters and optimizer state are returned unchanged) and
+    `metrics["nonfinite"]` is 1; the caller decides whether that is an error or a skipped step.
+    """
+
+    def micro_loss(params, rest, micro: Batch, total_pairs, rng):
+        model = nnx.merge(graphdef, params, rest)
+        chosen, rejected = pair_rewards(model, micro, dropout_rng=rng)
+        sums = _sums(chosen, rejected, micro["margin"], micro["pair_mask"], center_coefficient)
+        return sums["loss"] / total_pairs, sums
+
+    grad_fn = jax.grad(micro_loss, has_aux=True)
+
+    def train_step(arrays: Arrays, batch: Batch):
+        params, rest, step = arrays["params"], arrays["rest"], arrays["step"]
+        total_pairs = jnp.maximum(jnp.sum(batch["pair_mask"].astype(jnp.float32)), 1.0)
+        step_key = jax.random.fold_in(jax.random.wrap_key_data(arrays["rng"]), step)
+        micro = _microbatches(batch, accumulation_steps)
+
+        def body(carry, xs):
+            grads_acc, sums_acc = carry
+            index, mb = xs
+            rng = jax.random.fold_in(step_key, index) if dropout else None
+            grads, sums = grad_fn(params, rest, mb, total_pairs, rng)
+            grads_acc = jax.tree.map(jnp.add, grads_acc, grads)
+            sums_acc = jax.tree.map(jnp.add, sums_acc, sums)
+            return (grads_acc, sums_acc), None
+
+        zero_grads = jax.tree.map(lambda p: jnp.zeros(p.shape, jnp.float32), params)
+        zero_sums = {
+            k: jnp.zeros((), jnp.float32)
+            for k in (
+                "loss",
+                "accuracy",
+                "margin",
+                "chosen_reward",
+                "rejected_reward",
+                "reward_sq",
+                "num_pairs",
+            )
+        }
+        (grads, sums), _ = jax.lax.scan(
+            body, (zero_grads, zero_sums), (jnp.arange(accumulation_steps), micro)
+        )
+        grads = jax.tree.map(lambda g, p: g.astype(p.dtype), grads, params)
+        grad_norm = optax.global_norm(grads)
+        metrics = _finish(sums)
+        finite = jnp.isfinite(metrics["loss"]) & jnp.isfinite(grad_norm)
+
+        updates, new_opt_state = optimizer.update(grads, arrays["opt_state"], params)
+        new_params = optax.apply_updates(params, updates)
+        # Poisoned values must never reach the state (nor, later, a checkpoint).
+        keep = lambda new, old: jax.tree.map(lambda n, o: jnp.where(finite, n, o), new, old)  # noqa: E731
+        new_arrays = {
+            "params": keep(new_params, params),
+            "rest": rest,
+            "opt_state": keep(new_opt_state, arrays["opt_state"]),
+            "step": step + 1,  # counts batches consumed, skipped ones too
+            "rng": arrays["rng"],
+        }
+        metrics.update(
+            grad_norm=grad_norm,
+            learning_rate=schedule(step),
+            nonfinite=1.0 - finite.astype(jnp.float32),
+        )
+        return new_arrays, metrics
+
+    return train_step
+
+
+def make_eval_step(graphdef) -> Callable[[Arrays, Batch], dict[str, jax.Array]]:
+    """Builds `eval_step(arrays, batch) -> {"chosen": [B], "rejected": [B]}` rewards (not jitted).
+
+    Evaluation returns per-pair rewards rather than means so the caller can compute exact metrics
+    over every real pair of a dataset (and the reward statistics stored with the exported model).
+    """
+
+    def eval_step(arrays: Arrays, batch: Batch):
+        model = nnx.merge(graphdef, arrays["params"], arrays["rest"])
+        chosen, rejected = pair_rewards(model, batch)
+        return {"chosen": chosen, "rejected": rejected}
+
+    return eval_step
