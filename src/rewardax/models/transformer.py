@@ -1,0 +1,353 @@
+"""Flax NNX decoder backbone for the Llama family, Mistral, Qwen2 and Qwen3.
+
+Shapes: N = rows, T = tokens per row, E = hidden size, H = query heads, K = key/value heads,
+D = head width, M = MLP width, V = vocabulary.
+
+Parameters carry *logical* axis names (``vocab``, ``embed``, ``mlp``, ``heads``, ``kv_heads``,
+``head_dim``) as ``out_sharding`` metadata with eager sharding off, so a model can be built on the
+host without a mesh; ``rewardax.sharding`` maps the names to mesh axes in one table.
+
+Kernels are stored ``[in, out]`` with the head axes split out (``q_proj.kernel`` is ``[E, H, D]``),
+so a tensor-parallel split of the heads is one logical name; ``models.hf`` reshapes to and from
+Hugging Face's ``[out, in]`` matrices.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from rewardax.errors import ConfigError
+from rewardax.models.config import ModelConfig
+
+REMAT_POLICIES = ("none", "full", "save_dots")
+
+
+def _param(
+    rngs: nnx.Rngs | None,
+    shape: Sequence[int],
+    names: tuple[str, ...],
+    param_dtype: Any,
+    std: float | None,
+) -> nnx.Param:
+    """A parameter with logical axis names; ``std=None`` means ones (norm scales)."""
+    if std is None:
+        value = jnp.ones(shape, param_dtype)
+    elif std == 0.0 or rngs is None:
+        value = jnp.zeros(shape, param_dtype)
+    else:
+        value = std * jax.random.normal(rngs.params(), shape, param_dtype)
+    return nnx.Param(value, out_sharding=names, eager_sharding=False)
+
+
+class RMSNorm(nnx.Module):
+    """Root-mean-square norm, computed in float32 then scaled in the compute dtype (as HF does)."""
+
+    def __init__(self, dim: int, eps: float, *, names: tuple[str, ...], param_dtype: Any):
+        self.weight = _param(None, (dim,), names, param_dtype, std=None)
+        self.eps = eps
+
+    def __call__(self, x: jax.Array) -> jax.Array:
+        """x: [..., dim] -> [..., dim] in x's dtype."""
+        x32 = x.astype(jnp.float32)
+        normed = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + self.eps)
+        return self.weight.value.astype(x.dtype) * normed.astype(x.dtype)
+
+
+class Projection(nnx.Module):
+    """``y = x @ kernel (+ bias)`` contracting the leading ``len(in_shape)`` kernel axes."""
+
+    def __init__(
+        self,
+        in_shape: tuple[int, ...],
+        out_shape: tuple[int, ...],
+        names: tuple[str, ...],
+        *,
+        use_bias: bool,
+        std: float,
+        param_dtype: Any,
+        rngs: nnx.Rngs,
+    ):
+        self.n_in = len(in_shape)
+        self.kernel = _param(rngs, (*in_shape, *out_shape), names, param_dtype, std)
+        self.bias = (
+            _param(None, out_shape, names[self.n_in :], param_dtype, 0.0) if use_bias else None
+        )
+
+    def __call__(self, x: jax.Array) -> jax.Array:
+        """x: [..., *in_shape] -> [..., *out_shape] in x's dtype."""
+        kernel = self.kernel.value.astype(x.dtype)
+        axes_x = tuple(range(x.ndim - self.n_in, x.ndim))
+        y = jax.lax.dot_general(x, kernel, ((axes_x, tuple(range(self.n_in))), ((), ())))
+        if self.bias is not None:
+            y = y + self.bias.value.astype(x.dtype)
+        return y
+
+
+def rope_inverse_frequencies(config: ModelConfig) -> tuple[np.ndarray, float]:
+    """Inverse frequencies [D/2] (float32) and the cos/sin scale for the config's RoPE variant.
+
+    ``llama3`` scaling follows the Llama 3.1 release: wavelengths longer than
+    ``original_max_position_embeddings / low_freq_factor`` are divided by ``factor``, shorter than
+    ``... / high_freq_factor`` kept, and the band between interpolated smoothly.
+    """
+    dim = config.resolved_head_dim
+    # Base frequencies rounded like HF (float32 power of float32 exponents), then scaled in float64.
+    exponents = np.arange(0, dim, 2, dtype=np.int64).astype(np.float32) / np.float32(dim)
+    inv_freq = (1.0 / np.float32(config.rope_theta) ** exponents).astype(np.float64)
+    scaling = config.rope_scaling or {}
+    rope_type = scaling.get("rope_type", scaling.get("type", "default"))
+    if rope_type == "linear":
+        inv_freq = inv_freq / float(scaling["factor"])
+    elif rope_type == "llama3":
+        factor = float(scaling["factor"])
+        low = float(scaling.get("low_freq_factor", 1.0))
+        high = float(scaling.get("high_freq_factor", 4.0))
+        old_ctx = float(scaling.get("original_max_position_embeddings", 8192))
+        low_freq_wavelen = old_ctx / low
+        high_freq_wavelen = old_ctx / high
+        wavelen = 2 * math.pi / inv_freq
+        scaled = np.where(wavelen > low_freq_wavelen, inv_freq / factor, inv_freq)
+        smooth = (old_ctx / wavelen - low) / (high - low)
+        smoothed = (1 - smooth) * scaled / factor + smooth * scaled
+        medium = (wavelen >= high_freq_wavelen) & (wavelen <= low_freq_wavelen)
+        inv_freq = np.where(medium, smoothed, scaled)
+    return inv_freq.astype(np.float32), 1.0
+
+
+def rope_cos_sin(
+    positions: jax.Array, inv_freq: np.ndarray, scale: float
+) -> tuple[jax.Array, jax.Array]:
+    """positions int [N, T] -> (cos, sin) float32 [N, T, D] in the rotate-half layout."""
+    freqs = positions.astype(jnp.float32)[..., None] * jnp.asarray(inv_freq)[None, None, :]
+    emb = jnp.concatenate([freqs, freqs], axis=-1)
+    return jnp.cos(emb) * scale, jnp.sin(emb) * scale
+
+
+def apply_rope(x: jax.Array, cos: jax.Array, sin: jax.Array) -> jax.Array:
+    """x: [N, T, heads, D]; cos/sin [N, T, D]. Rotated in float32, returned in x's dtype."""
+    x32 = x.astype(jnp.float32)
+    half = x.shape[-1] // 2
+    rotated = jnp.concatenate([-x32[..., half:], x32[..., :half]], axis=-1)
+    out = x32 * cos[:, :, None, :] + rotated * sin[:, :, None, :]
+    return out.astype(x.dtype)
+
+
+def attention_mask(
+    segment_ids: jax.Array,
+    positions: jax.Array,
+    branch_ids: jax.Array | None = None,
+    sliding_window: int | None = None,
+) -> jax.Array:
+    """Which key each query may attend to: bool [N, T(query), T(key)].
+
+    Query i sees key j iff j <= i (index in the row), ``segment_ids[i] == segment_ids[j] != 0``,
+    ``branch_ids[j]`` is 0 (shared prompt) or equal to ``branch_ids[i]``, and, with a sliding
+    window, ``positions[i] - positions[j] < sliding_window``. One rule covers padding (segment 0),
+    packed rows (several segments) and a shared prompt with two responses (branches 1 and 2).
+    """
+    t = segment_ids.shape[-1]
+    causal = jnp.tril(jnp.ones((t, t), dtype=bool))[None]
+    same_segment = (segment_ids[:, :, None] == segment_ids[:, None, :]) & (
+        segment_ids[:, :, None] != 0
+    )
+    mask = causal & same_segment
+    if branch_ids is not None:
+        key_branch = branch_ids[:, None, :]
+        mask = mask & ((key_branch == 0) | (key_branch == branch_ids[:, :, None]))
+    if sliding_window is not None:
+        mask = mask & (positions[:, :, None] - positions[:, None, :] < sliding_window)
+    return mask
+
+
+class Attention(nnx.Module):
+    """Grouped-query self-attention with RoPE, optional q/k/v bias (Qwen2), q/k norm (Qwen3)."""
+
+    def __init__(self, config: ModelConfig, *, param_dtype: Any, rngs: nnx.Rngs):
+        e, h, k, d = (
+            config.hidden_size,
+            config.num_attention_heads,
+            config.num_key_value_heads,
+            config.resolved_head_dim,
+        )
+        std = config.initializer_range
+        kw: dict[str, Any] = {"param_dtype": param_dtype, "rngs": rngs, "std": std}
+        bias = bool(config.attention_bias)
+        self.q_proj = Projection((e,), (h, d), ("embed", "heads", "head_dim"), use_bias=bias, **kw)
+        self.k_proj = Projection(
+            (e,), (k, d), ("embed", "kv_heads", "head_dim"), use_bias=bias, **kw
+        )
+        self.v_proj = Projection(
+            (e,), (k, d), ("embed", "kv_heads", "head_dim"), use_bias=bias, **kw
+        )
+        self.o_proj = Projection((h, d), (e,), ("heads", "head_dim", "embed"), use_bias=False, **kw)
+        if config.qk_norm:
+            self.q_norm = RMSNorm(
+                d, config.rms_norm_eps, names=("head_dim",), param_dtype=param_dtype
+            )
+            self.k_norm = RMSNorm(
+                d, config.rms_norm_eps, names=("head_dim",), param_dtype=param_dtype
+            )
+        else:
+            self.q_norm = None
+            self.k_norm = None
+        self.num_heads, self.num_kv_heads, self.head_dim = h, k, d
+
+    def __call__(self, x: jax.Array, cos: jax.Array, sin: jax.Array, mask: jax.Array) -> jax.Array:
+        """x [N, T, E]; cos/sin [N, T, D]; mask bool [N, T, T] -> [N, T, E] in x's dtype."""
+        n, t, _ = x.shape
+        q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)  # [N,T,H|K,D]
+        if self.q_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)
+        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        groups = self.num_heads // self.num_kv_heads
+        q = q.reshape(n, t, self.num_kv_heads, groups, self.head_dim)
+        # Scores and softmax in float32 whatever the compute dtype: bf16 logits lose the small
+        # differences between keys that attention depends on.
+        scores = jnp.einsum("ntkgd,nskd->nkgts", q, k, preferred_element_type=jnp.float32)
+        scores = scores * (1.0 / math.sqrt(self.head_dim))
+        m = mask[:, None, None, :, :]
+        # A finite fill (not -inf) so a fully masked row (a padding query) gives a uniform
+        # distribution instead of NaN; its output is then zeroed below.
+        scores = jnp.where(m, scores, jnp.finfo(jnp.float32).min)
+        probs = jax.nn.softmax(scores, axis=-1)
+        probs = jnp.where(jnp.any(m, axis=-1, keepdims=True), probs, 0.0)
+        out = jnp.einsum("nkgts,nskd->ntkgd", probs.astype(x.dtype), v)
+        out = out.reshape(n, t, self.num_heads, self.head_dim)
+        return self.o_proj(out)
+
+
+class MLP(nnx.Module):
+    """SwiGLU: ``down(silu(gate(x)) * up(x))``."""
+
+    def __init__(self, config: ModelConfig, *, param_dtype: Any, rngs: nnx.Rngs):
+        e, m = config.hidden_size, config.intermediate_size
+        kw: dict[str, Any] = {
+            "param_dtype": param_dtype,
+            "rngs": rngs,
+            "std": config.initializer_range,
+            "use_bias": False,
+        }
+        self.gate_proj = Projection((e,), (m,), ("embed", "mlp"), **kw)
+        self.up_proj = Projection((e,), (m,), ("embed", "mlp"), **kw)
+        self.down_proj = Projection((m,), (e,), ("mlp", "embed"), **kw)
+
+    def __call__(self, x: jax.Array) -> jax.Array:
+        """x [N, T, E] -> [N, T, E]."""
+        return self.down_proj(jax.nn.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class DecoderLayer(nnx.Module):
+    """Pre-norm block: ``x + attn(norm(x))`` then ``h + mlp(norm(h))``; dropout on each branch."""
+
+    def __init__(
+        self, config: ModelConfig, *, param_dtype: Any, dropout_rate: float, rngs: nnx.Rngs
+    ):
+        eps = config.rms_norm_eps
+        self.input_layernorm = RMSNorm(
+            config.hidden_size, eps, names=("embed",), param_dtype=param_dtype
+        )
+        self.self_attn = Attention(config, param_dtype=param_dtype, rngs=rngs)
+        self.post_attention_layernorm = RMSNorm(
+            config.hidden_size, eps, names=("embed",), param_dtype=param_dtype
+        )
+        self.mlp = MLP(config, param_dtype=param_dtype, rngs=rngs)
+        self.dropout = nnx.Dropout(dropout_rate, rngs=rngs) if dropout_rate > 0 else None
+
+    def __call__(
+        self,
+        x: jax.Array,
+        cos: jax.Array,
+        sin: jax.Array,
+        mask: jax.Array,
+        deterministic: bool,
+    ) -> jax.Array:
+        """x [N, T, E] -> [N, T, E]."""
+        a = self.self_attn(self.input_layernorm(x), cos, sin, mask)
+        if self.dropout is not None:
+            a = self.dropout(a, deterministic=deterministic)
+        h = x + a
+        f = self.mlp(self.post_attention_layernorm(h))
+        if self.dropout is not None:
+            f = self.dropout(f, deterministic=deterministic)
+        return h + f
+
+
+def remat_policy_fn(name: str) -> Any:
+    """``"full"`` -> recompute everything (policy None); ``"save_dots"`` -> keep matmul outputs."""
+    if name == "full":
+        return None
+    if name == "save_dots":
+        return jax.checkpoint_policies.dots_with_no_batch_dims_saveable
+    raise ConfigError(f"remat_policy={name!r} is not one of {', '.join(REMAT_POLICIES)}.")
+
+
+class Decoder(nnx.Module):
+    """Token embedding, ``num_hidden_layers`` decoder layers, final RMSNorm."""
+
+    def __init__(
+        self,
+        config: ModelConfig,
+        *,
+        dtype: Any,
+        param_dtype: Any,
+        remat_policy: str,
+        dropout_rate: float,
+        rngs: nnx.Rngs,
+    ):
+        if remat_policy not in REMAT_POLICIES:
+            raise ConfigError(
+                f"remat_policy={remat_policy!r} is not one of {', '.join(REMAT_POLICIES)}."
+            )
+        self.config = config
+        self.dtype = jnp.dtype(dtype)
+        self.remat_policy = remat_policy
+        self.embed_tokens = nnx.Embed(
+            config.vocab_size,
+            config.hidden_size,
+            dtype=self.dtype,
+            param_dtype=param_dtype,
+            embedding_init=nnx.with_partitioning(
+                nnx.initializers.normal(config.initializer_range),
+                ("vocab", "embed"),
+                eager_sharding=False,
+            ),
+            rngs=rngs,
+        )
+        self.layers = nnx.List(
+            [
+                DecoderLayer(config, param_dtype=param_dtype, dropout_rate=dropout_rate, rngs=rngs)
+                for _ in range(config.num_hidden_layers)
+            ]
+        )
+        self.norm = RMSNorm(
+            config.hidden_size, config.rms_norm_eps, names=("embed",), param_dtype=param_dtype
+        )
+
+    def __call__(
+        self,
+        input_ids: jax.Array,
+        positions: jax.Array,
+        mask: jax.Array,
+        *,
+        deterministic: bool = True,
+    ) -> jax.Array:
+        """input_ids int [N, T]; positions int [N, T]; mask bool [N, T, T] -> hidden [N, T, E]."""
+        x = self.embed_tokens(input_ids).astype(self.dtype)
+        inv_freq, rope_scale = rope_inverse_frequencies(self.config)
+        cos, sin = rope_cos_sin(positions, inv_freq, rope_scale)
+
+        def run_layer(layer: DecoderLayer, h: jax.Array) -> jax.Array:
+            return layer(h, cos, sin, mask, deterministic)
+
+        if self.remat_policy != "none":
+            run_layer = nnx.remat(run_layer, policy=remat_policy_fn(self.remat_policy))
+        for layer in self.layers:
+            x = run_layer(layer, x)
+        return self.norm(x)
