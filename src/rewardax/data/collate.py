@@ -1,0 +1,211 @@
+"""Rows -> records (per row) -> one numpy batch; the two collate functions of the reference API.
+
+Batch format (what the jitted step receives; numpy, the pair axis explicit):
+  input_ids       int32   [B, 2, T]  index 0 = chosen, 1 = rejected; right-padded with the pad id.
+  attention_mask  int32   [B, 2, T]  1 for real tokens.
+  reward_index    int32   [B, 2]     position of each response's reward token (its last real token);
+                                     0 for padding pairs.
+  margin          float32 [B]        0 when the data has none.
+  pair_mask       float32 [B]        1 for real pairs, 0 for padding pairs.
+T is the smallest bucket length that holds the longest sequence of the batch. Packed rows (the
+performance issue) will add `segment_ids`; nothing here assumes one pair per row beyond these keys.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+
+from rewardax.data.config import DataConfig
+from rewardax.data.formats import InvalidRow, detect_format, normalize_row
+from rewardax.data.tokenize import PairEncoder, _Filtered, pad_token_id
+from rewardax.errors import DataError
+
+BATCH_KEYS = ("input_ids", "attention_mask", "reward_index", "margin", "pair_mask")
+
+
+def default_bucket_lengths(
+    max_sequence_length: int, bucket_lengths: Sequence[int] = ()
+) -> tuple[int, ...]:
+    """Sorted bucket lengths: the given ones (capped) or powers of two from 64; always ends at the max."""
+    if bucket_lengths:
+        buckets = {int(b) for b in bucket_lengths if 0 < int(b) <= max_sequence_length}
+    else:
+        buckets, b = set(), 64
+        while b < max_sequence_length:
+            buckets.add(b)
+            b *= 2
+    buckets.add(int(max_sequence_length))
+    return tuple(sorted(buckets))
+
+
+class RowProcessor:
+    """Row -> record. Picklable, so Grain worker processes can run it.
+
+    `process(row, index, where)` returns a record dict or `{"dropped": reason, "message": text}`
+    (never raises for bad rows: the caller decides between error and skip).
+    """
+
+    def __init__(self, tokenizer: Any, config: DataConfig, fmt: str | None = None):
+        self.config = config
+        self.fmt = fmt
+        self.encoder = PairEncoder(
+            tokenizer,
+            config.max_sequence_length,
+            config.truncation_mode,
+            append_eos=config.append_eos,
+        )
+
+    def process(self, row: Any, index: int, where: str) -> dict:
+        fmt = self.fmt or detect_format(row) or "standard"
+        try:
+            pair = normalize_row(
+                row,
+                fmt,
+                margin_from_scores=self.config.margin_from_scores,
+                margin_scale=self.config.margin_scale,
+            )
+            record = self.encoder.encode(pair)
+        except InvalidRow as bad:
+            message = (
+                f"{where}, field '{bad.field_name}': {bad.expected}. Fix the row, or set data.on_invalid=skip "
+                "to drop such rows (they are counted by reason)."
+            )
+            return {"dropped": bad.reason, "message": message, "index": index, "fatal": True}
+        except _Filtered as dropped:
+            return {
+                "dropped": dropped.reason,
+                "message": f"{where}: {dropped.reason}",
+                "index": index,
+                "fatal": False,
+            }
+        record["index"] = index
+        return record
+
+
+def raise_or_none(record: dict, on_invalid: str) -> dict | None:
+    """A record, None for a dropped row, or DataError when on_invalid == 'error' and the row is bad."""
+    if "dropped" not in record:
+        return record
+    if record["fatal"] and on_invalid == "error":
+        raise DataError(record["message"])
+    return None
+
+
+def collate_records(
+    records: Sequence[dict],
+    pad_id: int,
+    bucket_lengths: Sequence[int],
+    batch_size: int | None = None,
+) -> dict[str, np.ndarray]:
+    """Stack records into one batch (format in the module docstring), padded to `batch_size` pairs.
+
+    Args:
+      records: dicts with `chosen_input_ids` / `rejected_input_ids` (int32 [L]) and `margin`.
+      pad_id: the token id written at padded positions.
+      bucket_lengths: sorted allowed T; the smallest one holding the longest sequence is used.
+      batch_size: B; defaults to len(records). Extra pairs are padding (pair_mask 0).
+    """
+    size = len(records) if batch_size is None else int(batch_size)
+    if len(records) > size:
+        raise ValueError(f"{len(records)} records do not fit a batch of {size}")
+    longest = max(
+        [1] + [len(r[k]) for r in records for k in ("chosen_input_ids", "rejected_input_ids")]
+    )
+    length = next((b for b in bucket_lengths if b >= longest), None)
+    if length is None:
+        raise ValueError(
+            f"a sequence of {longest} tokens exceeds the largest bucket {bucket_lengths[-1]}"
+        )
+    input_ids = np.full((size, 2, length), pad_id, dtype=np.int32)
+    attention_mask = np.zeros((size, 2, length), dtype=np.int32)
+    reward_index = np.zeros((size, 2), dtype=np.int32)
+    margin = np.zeros((size,), dtype=np.float32)
+    pair_mask = np.zeros((size,), dtype=np.float32)
+    for i, record in enumerate(records):
+        for j, key in enumerate(("chosen_input_ids", "rejected_input_ids")):
+            ids = record[key]
+            input_ids[i, j, : len(ids)] = ids
+            attention_mask[i, j, : len(ids)] = 1
+            reward_index[i, j] = len(ids) - 1
+        margin[i] = record["margin"]
+        pair_mask[i] = 1.0
+    return {
+        "input_ids": input_ids,
+        "attention_mask": attention_mask,
+        "reward_index": reward_index,
+        "margin": margin,
+        "pair_mask": pair_mask,
+    }
+
+
+def _config(
+    max_sequence_length: int, truncation_mode: str, data_config: DataConfig | None
+) -> DataConfig:
+    base = data_config or DataConfig()
+    return DataConfig(
+        **{
+            **base.__dict__,
+            "max_sequence_length": max_sequence_length,
+            "truncation_mode": truncation_mode,
+        }
+    )
+
+
+def create_grain_collect_function(
+    tokenizer: Any,
+    max_sequence_length: int,
+    truncation_mode: str = "keep_end",
+    *,
+    data_config: DataConfig | None = None,
+    dataset_format: str | None = None,
+) -> Callable[[dict], dict | None]:
+    """Per-record function (for `grain.MapDataset.map`): a raw row -> a record, or None if skipped.
+
+    The record is `{"chosen_input_ids": int32 [Lc], "rejected_input_ids": int32 [Lr], "margin": float,
+    "truncated": bool, "index": int}`; `collate_records` (or the TFDS function) stacks records into a
+    batch. Rows are checked as `data_config.on_invalid` says (DataError by default).
+    """
+    config = _config(max_sequence_length, truncation_mode, data_config)
+    processor = RowProcessor(tokenizer, config, dataset_format)
+    counter = iter(range(1 << 62))
+
+    def collect(row: dict) -> dict | None:
+        index = next(counter)
+        return raise_or_none(processor.process(row, index, f"row {index}"), config.on_invalid)
+
+    return collect
+
+
+def create_tfds_collect_function(
+    tokenizer: Any,
+    max_sequence_length: int,
+    truncation_mode: str = "keep_end",
+    *,
+    data_config: DataConfig | None = None,
+    dataset_format: str | None = None,
+    batch_size: int | None = None,
+) -> Callable[[Sequence[dict]], dict[str, np.ndarray]]:
+    """A list of raw rows -> one batch (module docstring), for tf.data or any loader yielding lists.
+
+    Gives the same batch as collating the grain function's records (tested). Skipped rows become
+    padding pairs when `batch_size` is set, else the batch is shorter.
+    """
+    config = _config(max_sequence_length, truncation_mode, data_config)
+    processor = RowProcessor(tokenizer, config, dataset_format)
+    buckets = default_bucket_lengths(config.max_sequence_length, config.bucket_lengths)
+    pad = pad_token_id(tokenizer)
+
+    def collect(rows: Sequence[dict]) -> dict[str, np.ndarray]:
+        records = []
+        for i, row in enumerate(rows):
+            record = raise_or_none(
+                processor.process(row, i, f"row {i} of the batch"), config.on_invalid
+            )
+            if record is not None:
+                records.append(record)
+        return collate_records(records, pad, buckets, batch_size or len(rows))
+
+    return collect

@@ -1,0 +1,461 @@
+"""The training iterator (`PreferenceLoader`) and the eval iterator (`iterate_eval_batches`).
+
+Rows are read, normalised and tokenized lazily as the iterator advances: a Grain pipeline
+(`MapDataset.range(position, end).map(read + tokenize)`, prefetched in `num_workers` processes)
+yields records; the main process groups them by length in windows and collates batches.
+
+The resume state is ours, not Grain's: the flat row position where the current window started, how
+many of its batches were already handed out, and the statistics. A restored loader rebuilds the
+pipeline from that position, so it continues at the exact next row even with another worker count.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import grain
+import numpy as np
+
+from rewardax.data.batching import epoch_order, group_by_length, process_rows, window_rows
+from rewardax.data.collate import (
+    RowProcessor,
+    collate_records,
+    default_bucket_lengths,
+    raise_or_none,
+)
+from rewardax.data.config import DataConfig
+from rewardax.data.formats import InvalidRow, detect_dataset_format
+from rewardax.data.sources import StreamSource, load_source
+from rewardax.data.tokenize import pad_token_id
+from rewardax.errors import CheckpointError, ConfigError, DataError
+
+_STATE_VERSION = 1
+
+
+@dataclass
+class LoaderStats:
+    """What the loader did so far (per process).
+
+    rows_read: source rows pulled; pairs_seen: real pairs handed out in batches; dropped: skipped or
+    filtered rows by reason; truncated: pairs with a cut sequence; real_tokens / computed_tokens:
+    attention-mask ones vs B*2*T over handed-out batches.
+    """
+
+    rows_read: int = 0
+    pairs_seen: int = 0
+    truncated: int = 0
+    dropped: dict[str, int] = field(default_factory=dict)
+    real_tokens: int = 0
+    computed_tokens: int = 0
+
+    @property
+    def padding_efficiency(self) -> float:
+        """Real tokens / computed tokens (1.0 = no padding)."""
+        return self.real_tokens / self.computed_tokens if self.computed_tokens else 1.0
+
+    def as_dict(self) -> dict:
+        return {
+            **asdict(self),
+            "dropped": dict(self.dropped),
+            "padding_efficiency": self.padding_efficiency,
+        }
+
+
+class _ReadRow:
+    """Flat position k -> record of row (epoch k // n, slot k % n); runs in Grain workers."""
+
+    def __init__(
+        self, source: Any, processor: RowProcessor, seed: int, shuffle: bool, pi: int, pc: int
+    ):
+        self.source, self.processor = source, processor
+        self.seed, self.shuffle, self.pi, self.pc = seed, shuffle, pi, pc
+        self.local = process_rows(len(source), pi, pc)
+        self._epoch, self._order = -1, None
+
+    def __call__(self, k: int) -> dict:
+        epoch, slot = divmod(int(k), self.local)
+        if epoch != self._epoch:
+            self._epoch, self._order = (
+                epoch,
+                epoch_order(len(self.source), self.seed, epoch, self.shuffle),
+            )
+        index = int(self._order[self.pi + slot * self.pc])
+        where = self.source.where(index)
+        try:
+            row = self.source[index]
+        except InvalidRow as bad:
+            record = {
+                "dropped": bad.reason,
+                "fatal": True,
+                "index": index,
+                "message": f"{where}: {bad.expected}. Fix the line, or set data.on_invalid=skip.",
+            }
+        else:
+            record = self.processor.process(row, index, where)
+        record["epoch"] = epoch
+        return record
+
+
+class PreferenceLoader:
+    """Iterable of training batches (format: `rewardax.data.collate`), resumable.
+
+    Args:
+      source: anything `load_source` accepts.
+      tokenizer: a Hugging Face tokenizer.
+      data_config: the `data` settings.
+      batch_size: pairs per batch for this process (the global batch / process_count).
+      seed: seeds the per-epoch shuffle and the batch order inside length windows.
+      process_index / process_count: this process reads rows i with i % count == index of each epoch.
+      num_epochs: None repeats forever.
+      drop_remainder: drop an epoch's last partial batch (counted as `remainder`); else pad it with
+        pair_mask 0.
+      eval_mode: no shuffle (deterministic order), never drop a partial batch.
+
+    Example:
+      loader = PreferenceLoader("train.jsonl", tok, DataConfig(max_sequence_length=256), batch_size=8, seed=0)
+      batch = next(iter(loader))          # batch["input_ids"].shape == (8, 2, T), T in the buckets
+      state = loader.get_state()          # JSON-serialisable; loader2.set_state(state) resumes
+    """
+
+    def __init__(
+        self,
+        source: Any,
+        tokenizer: Any,
+        data_config: DataConfig,
+        *,
+        batch_size: int,
+        seed: int,
+        process_index: int = 0,
+        process_count: int = 1,
+        num_epochs: int | None = None,
+        drop_remainder: bool = True,
+        eval_mode: bool = False,
+    ):
+        if batch_size < 1:
+            raise ConfigError(f"batch_size must be positive, got {batch_size}")
+        if not 0 <= process_index < process_count:
+            raise ConfigError(f"process_index {process_index} is outside 0..{process_count - 1}")
+        if data_config.on_invalid not in ("error", "skip"):
+            raise ConfigError(
+                f"data.on_invalid must be 'error' or 'skip', got {data_config.on_invalid!r}"
+            )
+        self.source = load_source(source)
+        self.config = data_config
+        self.batch_size, self.seed = int(batch_size), int(seed)
+        self.process_index, self.process_count = process_index, process_count
+        self.num_epochs, self.eval_mode = num_epochs, eval_mode
+        self.drop_remainder = drop_remainder and not eval_mode
+        self.shuffle = data_config.shuffle and not eval_mode
+        self.pad_id = pad_token_id(tokenizer)
+        self.buckets = default_bucket_lengths(
+            data_config.max_sequence_length, data_config.bucket_lengths
+        )
+        self.window = window_rows(self.batch_size, data_config.length_group_window)
+        self.streaming = isinstance(self.source, StreamSource)
+        if self.streaming:
+            fmt = None  # detected per row
+        else:
+            if len(self.source) == 0:
+                raise DataError(f"{self.source.where(0).split(' ')[0]}: the dataset has no rows")
+            probe = []
+            for i in range(min(16, len(self.source))):
+                try:
+                    probe.append(self.source[i])
+                except InvalidRow:
+                    continue
+            fmt = detect_dataset_format(probe)
+        self.dataset_format = fmt
+        if (
+            fmt in ("conversational", "sharegpt")
+            and getattr(tokenizer, "chat_template", None) is None
+        ):
+            raise ConfigError(
+                f"the data is {fmt} but the tokenizer has no chat template; set one on the tokenizer"
+            )
+        self.processor = RowProcessor(tokenizer, data_config, fmt)
+        self.local_rows = (
+            None if self.streaming else process_rows(len(self.source), process_index, process_count)
+        )
+        self._state: dict = {"position": 0, "batches_done": 0}
+        self.stats = LoaderStats()
+
+    # -- state ------------------------------------------------------------------------------
+    def _fingerprint(self) -> dict:
+        return {
+            "rows": None if self.streaming else len(self.source),
+            "batch_size": self.batch_size,
+            "seed": self.seed,
+            "process_index": self.process_index,
+            "process_count": self.process_count,
+            "window": self.window,
+            "shuffle": self.shuffle,
+        }
+
+    def get_state(self) -> dict:
+        """JSON-serialisable position after the last batch handed out, with the statistics."""
+        return {
+            "version": _STATE_VERSION,
+            **self._state,
+            "stats": self.stats.as_dict(),
+            "config": self._fingerprint(),
+        }
+
+    def set_state(self, state: dict) -> None:
+        """Continue after the batch at which `state` was taken (same data, seed, batch size)."""
+        if state.get("version") != _STATE_VERSION:
+            raise CheckpointError(
+                f"data iterator state version {state.get('version')} is not {_STATE_VERSION}"
+            )
+        mine = self._fingerprint()
+        diff = {
+            k: (state["config"].get(k), v) for k, v in mine.items() if state["config"].get(k) != v
+        }
+        if diff:
+            raise CheckpointError(
+                f"the data iterator state was saved with other settings (saved, now): {diff}; resume with "
+                "the same data, seed, batch size and process layout"
+            )
+        self._state = {
+            "position": int(state["position"]),
+            "batches_done": int(state["batches_done"]),
+        }
+        saved = state["stats"]
+        self.stats = LoaderStats(
+            rows_read=saved["rows_read"],
+            pairs_seen=saved["pairs_seen"],
+            truncated=saved["truncated"],
+            dropped=dict(saved["dropped"]),
+            real_tokens=saved["real_tokens"],
+            computed_tokens=saved["computed_tokens"],
+        )
+
+    @property
+    def epoch(self) -> int:
+        """The epoch the next batch comes from."""
+        if self.streaming:
+            return int(self._state.get("epoch", 0))
+        return self._state["position"] // max(self.local_rows, 1)
+
+    # -- reading ------------------------------------------------------------------------------
+    def _records(self, start: int) -> Iterator[dict]:
+        """Records from flat position `start` on, each with its epoch and the position after it."""
+        if self.streaming:
+            yield from self._stream_records(start)
+            return
+        end = (1 << 50) if self.num_epochs is None else self.num_epochs * self.local_rows
+        if start >= end or self.local_rows == 0:
+            return
+        task = _ReadRow(
+            self.source,
+            self.processor,
+            self.seed,
+            self.shuffle,
+            self.process_index,
+            self.process_count,
+        )
+        dataset = grain.MapDataset.range(start, end).map(task)
+        workers = self.config.num_workers
+        iterable = dataset.to_iter_dataset(
+            grain.ReadOptions(num_threads=0 if workers else 1, prefetch_buffer_size=256)
+        )
+        if workers > 0:
+            iterable = iterable.mp_prefetch(
+                grain.MultiprocessingOptions(num_workers=workers, per_worker_buffer_size=64)
+            )
+        iterator = iter(iterable)
+        try:
+            for position, record in enumerate(iterator, start=start + 1):
+                record["position"] = position
+                record["epoch_end"] = position % self.local_rows == 0
+                yield record
+        finally:
+            if hasattr(iterator, "close"):
+                iterator.close()
+
+    def _stream_records(self, start: int) -> Iterator[dict]:
+        # Streams: position counts rows of this process over all epochs; epochs end when the stream does.
+        position, epoch = 0, 0
+        while self.num_epochs is None or epoch < self.num_epochs:
+            produced = False
+            last = None
+            for k, row in enumerate(self.source.rows(epoch, self.seed, self.shuffle)):
+                if k % self.process_count != self.process_index:
+                    continue
+                if last is not None:
+                    yield last
+                position += 1
+                produced = True
+                if position <= start:
+                    last = None
+                    continue
+                record = self.processor.process(row, k, self.source.where(k))
+                record.update(epoch=epoch, position=position, epoch_end=False)
+                last = record
+            if last is not None:
+                last["epoch_end"] = True
+                yield last
+            if not produced:
+                return
+            epoch += 1
+
+    def _batches(self) -> Iterator[tuple[dict, dict]]:
+        """(batch, state after it) pairs from the current state on."""
+        start, skip = self._state["position"], self._state["batches_done"]
+        # Counts travel with each batch and are added when it is handed out, so the statistics in
+        # get_state() never run ahead of the consumer (batches are built ahead by the prefetcher).
+        stats = LoaderStats()
+        counting = skip == 0
+        state = dict(self._state)
+        records = self._records(start)
+        window_start = start
+        pending = next(records, None)
+        while pending is not None:
+            valid: list[dict] = []
+            epoch = pending["epoch"]
+            epoch_done = False
+            while pending is not None and len(valid) < self.window:
+                record, pending = pending, next(records, None)
+                end_position = record["position"]
+                epoch_done = record["epoch_end"]
+                kept = raise_or_none(record, self.config.on_invalid)
+                if counting:
+                    stats.rows_read += 1
+                    if kept is None:
+                        stats.dropped[record["dropped"]] = (
+                            stats.dropped.get(record["dropped"], 0) + 1
+                        )
+                if kept is not None:
+                    valid.append(kept)
+                if epoch_done:
+                    break
+            rng = (
+                np.random.default_rng([self.seed, epoch, window_start, 0xB47C])
+                if self.shuffle
+                else None
+            )
+            groups = group_by_length(valid, self.batch_size, rng)
+            if groups and len(groups[-1]) < self.batch_size and self.drop_remainder:
+                if counting:
+                    stats.dropped["remainder"] = stats.dropped.get("remainder", 0) + len(groups[-1])
+                groups = groups[:-1]
+            for b, group in enumerate(groups):
+                if b < skip:
+                    continue
+                batch = collate_records(group, self.pad_id, self.buckets, self.batch_size)
+                if self.eval_mode:
+                    batch["row_index"] = np.full((self.batch_size,), -1, dtype=np.int32)
+                    batch["row_index"][: len(group)] = [r["index"] for r in group]
+                stats.pairs_seen += len(group)
+                stats.truncated += sum(r["truncated"] for r in group)
+                stats.real_tokens += int(batch["attention_mask"].sum())
+                stats.computed_tokens += int(batch["attention_mask"].size)
+                last = b == len(groups) - 1
+                state = (
+                    {"position": end_position, "batches_done": 0}
+                    if last
+                    else {"position": window_start, "batches_done": b + 1}
+                )
+                if self.streaming:
+                    state["epoch"] = epoch + (1 if last and epoch_done else 0)
+                yield batch, state, stats
+                stats = LoaderStats()
+            skip, counting = 0, True
+            window_start = end_position
+            # A window that handed out nothing (all rows dropped) still moves the position.
+            state = {"position": end_position, "batches_done": 0}
+            if self.streaming:
+                state["epoch"] = epoch + (1 if epoch_done else 0)
+        yield None, state, stats  # rows read after the last batch (dropped ones, a remainder)
+
+    def __iter__(self) -> Iterator[dict[str, np.ndarray]]:
+        """Batches from the current state on; the state advances as each batch is handed out."""
+        depth = self.config.prefetch
+        if depth <= 0:
+            for batch, state, counts in self._batches():
+                self._hand_out(state, counts)
+                if batch is not None:
+                    yield batch
+            return
+        yield from self._prefetched(depth)
+
+    def _hand_out(self, state: dict, counts: LoaderStats) -> None:
+        self._state = state
+        total = self.stats
+        for name in ("rows_read", "pairs_seen", "truncated", "real_tokens", "computed_tokens"):
+            setattr(total, name, getattr(total, name) + getattr(counts, name))
+        for reason, n in counts.dropped.items():
+            total.dropped[reason] = total.dropped.get(reason, 0) + n
+
+    def _prefetched(self, depth: int) -> Iterator[dict[str, np.ndarray]]:
+        # Batches are built in a thread while the step runs (XLA releases the GIL); each carries the
+        # state to record when it is handed out, so get_state() never runs ahead of the consumer.
+        box: queue.Queue = queue.Queue(maxsize=depth)
+        stop = threading.Event()
+        done = object()
+
+        def produce() -> None:
+            try:
+                for item in self._batches():
+                    while not stop.is_set():
+                        try:
+                            box.put(item, timeout=0.1)
+                            break
+                        except queue.Full:
+                            continue
+                    if stop.is_set():
+                        return
+                box.put(done)
+            except BaseException as err:  # handed to the consumer, raised there
+                box.put(err)
+
+        thread = threading.Thread(target=produce, daemon=True, name="rewardax-prefetch")
+        thread.start()
+        try:
+            while True:
+                item = box.get()
+                if item is done:
+                    return
+                if isinstance(item, BaseException):
+                    raise item
+                batch, state, counts = item
+                self._hand_out(state, counts)
+                if batch is not None:
+                    yield batch
+        finally:
+            stop.set()
+            thread.join(timeout=5)
+
+
+def iterate_eval_batches(
+    source: Any,
+    tokenizer: Any,
+    data_config: DataConfig,
+    *,
+    batch_size: int,
+    process_index: int = 0,
+    process_count: int = 1,
+    stats: LoaderStats | None = None,
+) -> Iterator[dict[str, np.ndarray]]:
+    """Every pair of `source` exactly once, in a deterministic order; the last batch padded (pair_mask 0).
+
+    Batches also carry `row_index` int32 [B]: the source row of each pair (-1 for padding pairs).
+    """
+    loader = PreferenceLoader(
+        source,
+        tokenizer,
+        data_config,
+        batch_size=batch_size,
+        seed=0,
+        process_index=process_index,
+        process_count=process_count,
+        num_epochs=1,
+        drop_remainder=False,
+        eval_mode=True,
+    )
+    if stats is not None:
+        loader.stats = stats
+    yield from loader
