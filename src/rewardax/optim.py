@@ -1,0 +1,127 @@
+"""The optimizer and learning-rate schedule of a run, built from `RewardConfig.optim`.
+
+Steps are optimizer updates (after gradient accumulation), counted from 0 by optax. The schedule
+follows Hugging Face's `get_{constant,linear,cosine}_schedule_with_warmup`, so a recipe written for
+TRL means the same here: linear warmup from 0 at step 0 to `learning_rate` at step `warmup_steps`,
+then constant, linear or cosine decay reaching `final_learning_rate` at step `total_steps`.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import jax
+import optax
+
+from rewardax.config import OptimSection
+from rewardax.errors import ConfigError
+
+# The usual second-moment decay of each optimizer, used when `optim.beta2` is null.
+_DEFAULT_BETA2 = {"adamw": 0.999, "lion": 0.99}
+
+
+def resolve_warmup_steps(optim: OptimSection, total_steps: int) -> int:
+    """Warmup length in optimizer steps: warmup_steps, or ceil(warmup_ratio × total_steps)."""
+    if optim.warmup_ratio > 0:
+        return math.ceil(optim.warmup_ratio * total_steps)
+    return optim.warmup_steps
+
+
+def build_schedule(optim: OptimSection, total_steps: int) -> optax.Schedule:
+    """Learning rate as a function of the optimizer step (0-based).
+
+    Args:
+      optim: the optimizer section (learning_rate, schedule, warmup_*, final_learning_rate).
+      total_steps: optimizer updates of the whole run.
+
+    Returns:
+      schedule(step) -> float32 scalar. Example (linear, lr 2e-5, 5 warmup steps, 80 steps):
+      step 0 -> 0, step 5 -> 2e-5, step 80 -> final_learning_rate.
+    """
+    if total_steps < 1:
+        raise ConfigError(f"the run has {total_steps} optimizer steps; it needs at least 1")
+    warmup = resolve_warmup_steps(optim, total_steps)
+    if warmup > total_steps:
+        raise ConfigError(
+            f"optim.warmup_steps={warmup} is more than the {total_steps} optimizer steps of the "
+            "run; lower it (or use optim.warmup_ratio)"
+        )
+    peak = optim.learning_rate
+    decay_steps = max(total_steps - warmup, 1)
+    if optim.schedule == "constant":
+        after = optax.constant_schedule(peak)
+    elif optim.schedule == "linear":
+        after = optax.linear_schedule(peak, optim.final_learning_rate, decay_steps)
+    elif optim.schedule == "cosine":
+        # alpha is the end value as a fraction of the peak: peak·(alpha + (1−alpha)·½(1+cos πt)).
+        after = optax.cosine_decay_schedule(peak, decay_steps, optim.final_learning_rate / peak)
+    else:
+        raise ConfigError(f"optim.schedule={optim.schedule!r}: use constant, linear or cosine")
+    if warmup == 0:
+        return after
+    return optax.join_schedules([optax.linear_schedule(0.0, peak, warmup), after], [warmup])
+
+
+def _path_names(path: tuple) -> list[str]:
+    names = []
+    for key in path:
+        for attribute in ("key", "name", "idx"):
+            if hasattr(key, attribute):
+                names.append(str(getattr(key, attribute)).lower())
+                break
+    return names
+
+
+def weight_decay_mask(params: Any) -> Any:
+    """True for the parameters weight decay applies to; same tree structure as `params`.
+
+    Decay shrinks weights towards 0; for norm scales (whose neutral value is 1) and biases it
+    only hurts, so a parameter is excluded when a name on its path contains "norm" or "bias" or
+    when it has at most one dimension. Works on dicts and on flax `nnx.State` trees.
+    """
+
+    def decays(path: tuple, leaf: Any) -> bool:
+        names = _path_names(path)
+        if any("norm" in name or "bias" in name for name in names):
+            return False
+        return getattr(leaf, "ndim", 0) > 1
+
+    return jax.tree_util.tree_map_with_path(decays, params)
+
+
+def build_optimizer(optim: OptimSection, total_steps: int) -> optax.GradientTransformation:
+    """The optax transformation of a run: clipping (if set), then the optimizer with its schedule.
+
+    Weight decay is decoupled and scaled by the learning rate for adamw, lion and adafactor (as in
+    torch's AdamW), an L2 term added to the gradient for sgd; `weight_decay_mask` picks where.
+    Adafactor is used without parameter-scale multiplication, so learning_rate is an absolute
+    step size as for the others.
+    """
+    schedule = build_schedule(optim, total_steps)
+    decay = optim.weight_decay
+    mask = weight_decay_mask if decay > 0 else None
+    beta2 = optim.beta2 if optim.beta2 is not None else _DEFAULT_BETA2.get(optim.name)
+    if optim.name == "adamw":
+        tx = optax.adamw(
+            schedule, b1=optim.beta1, b2=beta2, eps=optim.eps, weight_decay=decay, mask=mask
+        )
+    elif optim.name == "lion":
+        tx = optax.lion(schedule, b1=optim.beta1, b2=beta2, weight_decay=decay, mask=mask)
+    elif optim.name == "adafactor":
+        # optax.adafactor adds its weight decay after the learning rate (not scaled by it), so the
+        # same pieces are chained here with the decay before the learning rate, like adamw.
+        parts = [optax.scale_by_factored_rms(), optax.clip_by_block_rms(1.0)]
+        if decay > 0:
+            parts.append(optax.add_decayed_weights(decay, mask))
+        tx = optax.chain(*parts, optax.scale_by_learning_rate(schedule))
+    elif optim.name == "sgd":
+        momentum = optim.momentum if optim.momentum > 0 else None
+        tx = optax.sgd(schedule, momentum=momentum)
+        if decay > 0:
+            tx = optax.chain(optax.add_decayed_weights(decay, mask), tx)
+    else:
+        raise ConfigError(f"optim.name={optim.name!r}: use adamw, adafactor, lion or sgd")
+    if optim.max_grad_norm is not None:
+        tx = optax.chain(optax.clip_by_global_norm(optim.max_grad_norm), tx)
+    return tx
