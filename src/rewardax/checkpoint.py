@@ -178,6 +178,8 @@ class TrainCheckpointer:
         # Steps found unloadable by restore(): a later save at the same step moves them aside.
         self._bad_steps: set[int] = set()
         self._barriers = 0
+        if not read_only:
+            self._remove_interrupted_writes()
         self._manager = self._open_manager()
 
     def _open_manager(self) -> ocp.CheckpointManager:
@@ -186,8 +188,9 @@ class TrainCheckpointer:
             # Synchronous: save() returns only once the step directory is committed.
             enable_async_checkpointing=False,
             create=not self.read_only,
-            # Removes temporary directories left by a killed or failed save (frees their space).
-            cleanup_tmp_directories=not self.read_only,
+            # Interrupted writes are removed by _remove_interrupted_writes, synchronously: Orbax's
+            # own cleanup runs in the background and may still be going when save() returns.
+            cleanup_tmp_directories=False,
             read_only=self.read_only,
             # The step times/metrics are never used; skip reading every step's metadata.
             lightweight_initialize=True,
@@ -205,6 +208,19 @@ class TrainCheckpointer:
             raise CheckpointError(
                 f"cannot open checkpoint directory {self.directory}: {_describe(exc)}"
             ) from exc
+
+    def _remove_interrupted_writes(self) -> None:
+        """Deletes ``*.orbax-checkpoint-tmp*`` directories (killed or failed saves; never listed)."""
+        if jax.process_index() == 0 and self.directory.is_dir():
+            for path in self.directory.iterdir():
+                if _TMP_MARKER in path.name:
+                    shutil.rmtree(path, ignore_errors=True)
+        self._barrier("remove_interrupted_writes")
+
+    def _barrier(self, name: str) -> None:
+        # Barrier names must be unique per call, hence the counter.
+        self._barriers += 1
+        ocp.multihost.sync_global_processes(f"rewardax_{name}_{self._barriers}")
 
     # ----------------------------------------------------------------------------------- listing
     def steps(self) -> list[int]:
@@ -278,8 +294,10 @@ class TrainCheckpointer:
             self._manager.save(step, args=args, force=True)
             self._manager.wait_until_finished()
         except Exception as exc:
-            # A fresh manager forgets the failed step and deletes its temporary directory.
+            # A fresh manager forgets the failed step; deleting its temporary directory frees the
+            # space it took.
             self._manager.close()
+            self._remove_interrupted_writes()
             self._manager = self._open_manager()
             if replacing_valid and moved_aside is not None and jax.process_index() == 0:
                 moved_aside.rename(self.step_path(step))
@@ -298,9 +316,7 @@ class TrainCheckpointer:
         target = self.directory / f"{step}.{why}-{time.strftime('%Y%m%d-%H%M%S')}"
         if jax.process_index() == 0:
             self.step_path(step).rename(target)
-        # Barrier names must be unique per call, hence the counter.
-        self._barriers += 1
-        ocp.multihost.sync_global_processes(f"rewardax_move_aside_{step}_{self._barriers}")
+        self._barrier(f"move_aside_{step}")
         self._manager.reload()
         return target
 
