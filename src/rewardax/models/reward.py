@@ -177,7 +177,7 @@ class RewardModel(nnx.Module):
         # pairs, and bf16 (8 bits of mantissa) would round away small margins.
         logits = jax.lax.dot_general(
             picked.astype(jnp.float32),
-            self.score.kernel.value.astype(jnp.float32),
+            self.score.kernel[...].astype(jnp.float32),
             (((picked.ndim - 1,), (0,)), ((), ())),
             precision=jax.lax.Precision.HIGHEST,
         )

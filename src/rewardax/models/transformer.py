@@ -57,7 +57,7 @@ class RMSNorm(nnx.Module):
         """x: [..., dim] -> [..., dim] in x's dtype."""
         x32 = x.astype(jnp.float32)
         normed = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + self.eps)
-        return self.weight.value.astype(x.dtype) * normed.astype(x.dtype)
+        return self.weight[...].astype(x.dtype) * normed.astype(x.dtype)
 
 
 class Projection(nnx.Module):
@@ -82,11 +82,11 @@ class Projection(nnx.Module):
 
     def __call__(self, x: jax.Array) -> jax.Array:
         """x: [..., *in_shape] -> [..., *out_shape] in x's dtype."""
-        kernel = self.kernel.value.astype(x.dtype)
+        kernel = self.kernel[...].astype(x.dtype)
         axes_x = tuple(range(x.ndim - self.n_in, x.ndim))
         y = jax.lax.dot_general(x, kernel, ((axes_x, tuple(range(self.n_in))), ((), ())))
         if self.bias is not None:
-            y = y + self.bias.value.astype(x.dtype)
+            y = y + self.bias[...].astype(x.dtype)
         return y
 
 

@@ -1,0 +1,83 @@
+"""AutoRewardModel: one entry point for Hugging Face directories and GGUF files."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from rewardax.errors import ModelLoadError
+from rewardax.models.gguf import load_gguf, smollm2_gguf_path
+from rewardax.models.hf import conversion_command, load_hf_directory
+from rewardax.models.reward import RewardModel
+
+_PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl", ".pickle")
+
+
+def _looks_like_hub_name(text: str) -> bool:
+    parts = text.split("/")
+    return len(parts) == 2 and all(parts) and not text.startswith((".", "~"))
+
+
+class AutoRewardModel:
+    """Loads a :class:`RewardModel` from a local checkpoint (no hub access, no torch)."""
+
+    @staticmethod
+    def from_pretrained(
+        path: str | Path,
+        *,
+        dtype: Any = "float32",
+        param_dtype: Any = None,
+        num_labels: int = 1,
+        remat_policy: str = "none",
+        dropout_rate: float = 0.0,
+        seed: int = 0,
+    ) -> RewardModel:
+        """Load a reward model.
+
+        Args:
+          path: a Hugging Face directory (config.json + model.safetensors or a sharded
+            ``*.safetensors.index.json``; ``*ForCausalLM`` gets a new score head,
+            ``*ForSequenceClassification`` keeps its head) or a ``.gguf`` file.
+          dtype: compute dtype; param_dtype: storage dtype (default: ``dtype``).
+          num_labels: width of the score head; must match a loaded head.
+          remat_policy, dropout_rate: see :class:`RewardModel`.
+          seed: initialises a new score head.
+
+        Raises:
+          ModelLoadError: missing/corrupt files, pickle checkpoints, hub names, unknown
+            architectures, tensor shape mismatches, ``num_labels`` mismatch.
+        """
+        path = Path(path).expanduser()
+        kwargs: dict[str, Any] = {
+            "dtype": dtype,
+            "param_dtype": param_dtype,
+            "num_labels": num_labels,
+            "remat_policy": remat_policy,
+            "dropout_rate": dropout_rate,
+            "seed": seed,
+        }
+        if not path.exists():
+            if _looks_like_hub_name(str(path)):
+                raise ModelLoadError(
+                    f"{path} is not a local path; rewardax does not download from the Hugging "
+                    f"Face hub. Download it first (e.g. `huggingface-cli download {path} "
+                    f"--local-dir ./{path.name}`) and pass the local directory."
+                )
+            raise ModelLoadError(f"{path} does not exist; pass a model directory or a .gguf file.")
+        if path.is_file():
+            if path.suffix == ".gguf":
+                return load_gguf(path, **kwargs)
+            if path.suffix in _PICKLE_SUFFIXES:
+                raise ModelLoadError(
+                    f"{path} is a PyTorch pickle checkpoint; rewardax does not unpickle. Convert "
+                    f"once with: {conversion_command(path.parent)}"
+                )
+            if path.name == "config.json" or path.suffix == ".safetensors":
+                return load_hf_directory(path.parent, **kwargs)
+            raise ModelLoadError(
+                f"{path}: unknown model file type; pass a Hugging Face directory or a .gguf file."
+            )
+        return load_hf_directory(path, **kwargs)
+
+
+__all__ = ["AutoRewardModel", "smollm2_gguf_path"]

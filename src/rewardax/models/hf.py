@@ -1,0 +1,310 @@
+"""Hugging Face safetensors import/export for RewardModel (no torch).
+
+Import streams tensor by tensor: the model is first built abstractly (``nnx.eval_shape``: shapes
+only, no memory), then each parameter is read from the file, converted to rewardax's layout and
+the target dtype, and placed; host memory peaks at about one model copy plus one tensor.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import shutil
+import tempfile
+import uuid
+from collections.abc import Callable, Iterator
+from contextlib import ExitStack
+from pathlib import Path
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import ml_dtypes
+import numpy as np
+from flax import nnx
+
+from rewardax.errors import ConfigError, ModelLoadError
+from rewardax.models.config import ModelConfig
+from rewardax.models.registry import hf_shape, tensor_specs, to_hf, to_ours
+from rewardax.models.reward import RewardModel
+
+# transformers writes shards of at most this many bytes by default for big models; we follow.
+MAX_SHARD_BYTES = 2 * 1024**3
+_IGNORED_TENSORS = ("lm_head.weight",)  # causal-LM head: a reward model does not use it
+
+
+def _np_dtype(dtype: Any) -> np.dtype:
+    dt = jnp.dtype(dtype)
+    return np.dtype(ml_dtypes.bfloat16) if dt == jnp.bfloat16 else np.dtype(dt.name)
+
+
+def assemble_model(
+    config: ModelConfig,
+    read_tensor: Callable[[str], np.ndarray],
+    available: set[str],
+    *,
+    source: str,
+    dtype: Any = "float32",
+    param_dtype: Any = "float32",
+    remat_policy: str = "none",
+    dropout_rate: float = 0.0,
+    seed: int = 0,
+) -> RewardModel:
+    """Build ``RewardModel(config)`` from HF-named tensors, one tensor in host memory at a time.
+
+    Args:
+      read_tensor: HF tensor name (``*ForSequenceClassification`` naming) -> array in HF layout.
+      available: the names ``read_tensor`` can serve. Without ``score.weight`` a new head is
+        initialised (std 1/sqrt(hidden+1), from ``seed``).
+      source: file or directory named in error messages.
+    """
+
+    def make() -> RewardModel:
+        return RewardModel(
+            config,
+            dtype=dtype,
+            param_dtype=param_dtype,
+            remat_policy=remat_policy,
+            dropout_rate=dropout_rate,
+            rngs=nnx.Rngs(seed),
+        )
+
+    abstract = nnx.eval_shape(make)
+    graphdef, params, rest = nnx.split(abstract, nnx.Param, ...)
+    variables = dict(nnx.to_flat_state(params))
+    specs = tensor_specs(config)
+    needed = {s.hf_name for s in specs}
+    unexpected = sorted(available - needed - set(_IGNORED_TENSORS))
+    unexpected = [n for n in unexpected if not n.endswith("rotary_emb.inv_freq")]
+    if unexpected:
+        raise ModelLoadError(
+            f"{source}: tensors not used by a {config.architecture} model with this config.json: "
+            f"{', '.join(unexpected[:8])}{' ...' if len(unexpected) > 8 else ''}. "
+            "The checkpoint is probably a different architecture variant."
+        )
+    missing = sorted(needed - available - {"score.weight"})
+    if missing:
+        raise ModelLoadError(
+            f"{source}: missing tensors: {', '.join(missing[:8])}"
+            f"{' ...' if len(missing) > 8 else ''}. The file is incomplete or truncated."
+        )
+    target = _np_dtype(param_dtype if param_dtype is not None else dtype)
+    for spec in specs:
+        var = variables[spec.path]
+        shape = tuple(var.get_value().shape)
+        if spec.hf_name == "score.weight" and spec.hf_name not in available:
+            key = jax.random.key(seed)
+            std = 1.0 / math.sqrt(config.hidden_size + 1)
+            var.set_value((std * jax.random.normal(key, shape, jnp.float32)).astype(target))
+            continue
+        array = read_tensor(spec.hf_name)
+        expected = hf_shape(spec, shape)
+        if tuple(array.shape) != expected:
+            raise ModelLoadError(
+                f"{source}: tensor {spec.hf_name} has shape {tuple(array.shape)} but config.json "
+                f"implies {expected}."
+            )
+        var.set_value(jnp.asarray(to_ours(spec, array, shape).astype(target)))
+        del array
+    params = nnx.from_flat_state(variables)
+    if jax.tree.leaves(rest):
+        # Dropout RNG state: built by a jitted init whose parameter computations XLA drops.
+        rest = jax.jit(lambda: nnx.split(make(), nnx.Param, ...)[2])()
+    return nnx.merge(graphdef, params, rest)
+
+
+def _read_config(directory: Path) -> dict[str, Any]:
+    path = directory / "config.json"
+    if not path.is_file():
+        raise ModelLoadError(f"{directory}: no config.json; not a Hugging Face model directory.")
+    try:
+        return json.loads(path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise ModelLoadError(f"{path}: not valid JSON ({exc}).") from exc
+
+
+def _weight_files(directory: Path) -> list[Path]:
+    """The safetensors files of a HF directory (single file or index)."""
+    indexes = sorted(directory.glob("*.safetensors.index.json"))
+    if indexes:
+        try:
+            weight_map = json.loads(indexes[0].read_text())["weight_map"]
+        except (json.JSONDecodeError, KeyError, UnicodeDecodeError) as exc:
+            raise ModelLoadError(f"{indexes[0]}: not a valid safetensors index ({exc}).") from exc
+        files = [directory / f for f in sorted(set(weight_map.values()))]
+        absent = [str(f) for f in files if not f.is_file()]
+        if absent:
+            raise ModelLoadError(f"{indexes[0]} lists missing shard(s): {', '.join(absent)}.")
+        return files
+    singles = sorted(directory.glob("*.safetensors"))
+    if singles:
+        return (
+            [directory / "model.safetensors"]
+            if (directory / "model.safetensors").is_file()
+            else singles
+        )
+    if any(directory.glob("*.bin")) or any(directory.glob("*.pt")) or any(directory.glob("*.pth")):
+        raise ModelLoadError(
+            f"{directory}: only PyTorch pickle weights (*.bin/*.pt) found; rewardax does not "
+            "unpickle (arbitrary code execution). Convert once with: "
+            + conversion_command(directory)
+        )
+    raise ModelLoadError(f"{directory}: no *.safetensors weights found next to config.json.")
+
+
+def conversion_command(path: Path) -> str:
+    """A one-line command that rewrites a pickle checkpoint as safetensors."""
+    return (
+        'python -c "import transformers as t; '
+        f"t.AutoModel.from_pretrained('{path}').save_pretrained('{path}-safetensors')\""
+        " (use AutoModelForCausalLM / AutoModelForSequenceClassification to keep the head)"
+    )
+
+
+def _open_all(files: list[Path], stack: ExitStack) -> dict[str, tuple[Any, str]]:
+    """HF name -> (open safetensors handle, name inside the file); a bare ``*Model`` checkpoint
+    (no ``model.`` prefix) is mapped onto the ``model.`` names."""
+    from safetensors import SafetensorError, safe_open
+
+    handles: dict[str, tuple[Any, str]] = {}
+    for f in files:
+        try:
+            handle = stack.enter_context(safe_open(str(f), framework="numpy"))
+        except (SafetensorError, OSError) as exc:
+            raise ModelLoadError(f"{f}: cannot read safetensors file ({exc}).") from exc
+        for name in handle.keys():  # noqa: SIM118 - safe_open is not a dict
+            handles[name] = (handle, name)
+    if "model.embed_tokens.weight" not in handles and "embed_tokens.weight" in handles:
+        handles = {f"model.{k}": v for k, v in handles.items()}
+    return handles
+
+
+def load_hf_directory(
+    directory: str | Path,
+    *,
+    dtype: Any = "float32",
+    param_dtype: Any = None,
+    num_labels: int = 1,
+    remat_policy: str = "none",
+    dropout_rate: float = 0.0,
+    seed: int = 0,
+) -> RewardModel:
+    """RewardModel from a HF directory (``*ForCausalLM``: new head; ``*ForSequenceClassification``:
+    head loaded, its ``num_labels`` must equal ``num_labels``)."""
+    directory = Path(directory)
+    hf_config = _read_config(directory)
+    try:
+        config = ModelConfig.from_hf_dict(hf_config)
+    except ConfigError as exc:
+        raise ModelLoadError(f"{directory / 'config.json'}: {exc}") from exc
+    files = _weight_files(directory)
+    with ExitStack() as stack:
+        handles = _open_all(files, stack)
+        if "score.weight" in handles:
+            handle, raw = handles["score.weight"]
+            rows = handle.get_slice(raw).get_shape()[0]
+            if rows != num_labels:
+                raise ModelLoadError(
+                    f"{directory}: the checkpoint's score head has {rows} label(s) but "
+                    f"num_labels={num_labels} was asked; pass num_labels={rows}, or load the "
+                    "backbone from a *ForCausalLM checkpoint to get a new head."
+                )
+        config = config.replace(num_labels=num_labels)
+
+        def read(name: str) -> np.ndarray:
+            handle, raw = handles[name]
+            try:
+                return handle.get_tensor(raw)
+            except Exception as exc:  # safetensors raises bare errors on corrupt data
+                raise ModelLoadError(f"{directory}: cannot read tensor {name} ({exc}).") from exc
+
+        return assemble_model(
+            config,
+            read,
+            set(handles),
+            source=str(directory),
+            dtype=dtype,
+            param_dtype=param_dtype if param_dtype is not None else dtype,
+            remat_policy=remat_policy,
+            dropout_rate=dropout_rate,
+            seed=seed,
+        )
+
+
+def _hf_tensors(model: RewardModel) -> Iterator[tuple[str, np.ndarray]]:
+    variables = dict(nnx.to_flat_state(nnx.state(model, nnx.Param)))
+    for spec in tensor_specs(model.config):
+        yield spec.hf_name, to_hf(spec, np.asarray(jax.device_get(variables[spec.path][...])))
+
+
+def save_pretrained(
+    model: RewardModel,
+    directory: str | Path,
+    *,
+    tokenizer: Any = None,
+    extra_config: dict[str, Any] | None = None,
+    overwrite: bool = False,
+    max_shard_bytes: int = MAX_SHARD_BYTES,
+) -> Path:
+    """Write ``model`` as a HF ``*ForSequenceClassification`` directory; returns its path.
+
+    Writes config.json (``architectures``, ``num_labels``, ``pad_token_id``, ``dtype`` and any
+    ``extra_config`` keys, e.g. reward normalisation statistics), ``model.safetensors`` (or
+    ``model-0000i-of-0000n.safetensors`` + ``model.safetensors.index.json`` past
+    ``max_shard_bytes``) and the tokenizer files. Written in a temporary sibling directory and
+    renamed into place, so a crash never leaves a half-written model behind.
+    """
+    from safetensors.numpy import save_file
+
+    directory = Path(directory)
+    if directory.exists() and not directory.is_dir():
+        raise ModelLoadError(f"{directory} is a file; save_pretrained needs a directory path.")
+    if directory.exists() and any(directory.iterdir()) and not overwrite:
+        raise ModelLoadError(
+            f"{directory} exists and is not empty; choose another directory or pass overwrite=True."
+        )
+    directory.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{directory.name}.tmp-", dir=directory.parent))
+    try:
+        hf_config = model.config.to_hf_dict(for_sequence_classification=True)
+        if tokenizer is not None and getattr(tokenizer, "pad_token_id", None) is not None:
+            hf_config["pad_token_id"] = int(tokenizer.pad_token_id)
+        hf_config["dtype"] = model.param_dtype.name
+        hf_config.update(extra_config or {})
+
+        shards: list[dict[str, np.ndarray]] = [{}]
+        sizes = [0]
+        names: list[str] = []
+        for name, array in _hf_tensors(model):
+            if sizes[-1] and sizes[-1] + array.nbytes > max_shard_bytes:
+                shards.append({})
+                sizes.append(0)
+            shards[-1][name] = array
+            sizes[-1] += array.nbytes
+            names.append(name)
+        if len(shards) == 1:
+            save_file(shards[0], str(tmp / "model.safetensors"), metadata={"format": "pt"})
+        else:
+            weight_map = {}
+            for i, shard in enumerate(shards):
+                fname = f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors"
+                save_file(shard, str(tmp / fname), metadata={"format": "pt"})
+                weight_map.update(dict.fromkeys(shard, fname))
+            index = {"metadata": {"total_size": sum(sizes)}, "weight_map": weight_map}
+            (tmp / "model.safetensors.index.json").write_text(json.dumps(index, indent=2))
+        del shards
+        (tmp / "config.json").write_text(json.dumps(hf_config, indent=2, sort_keys=True))
+        if tokenizer is not None:
+            tokenizer.save_pretrained(str(tmp))
+        if directory.exists():
+            trash = directory.parent / f".{directory.name}.old-{uuid.uuid4().hex[:8]}"
+            os.replace(directory, trash)
+            os.replace(tmp, directory)
+            shutil.rmtree(trash)
+        else:
+            os.replace(tmp, directory)
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp)
+    return directory

@@ -1,0 +1,46 @@
+"""load_tokenizer: a transformers fast tokenizer from a HF directory or a .gguf file."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from rewardax.errors import ModelLoadError
+
+
+def load_tokenizer(path: str | Path) -> Any:
+    """A ``transformers`` fast tokenizer with its chat template.
+
+    Args:
+      path: a Hugging Face directory (tokenizer.json / tokenizer_config.json) or a ``.gguf``
+        file (the tokenizer is rebuilt from the GGUF metadata by transformers).
+
+    Returns:
+      The tokenizer. If it has no pad token, the EOS token is set as pad token: rewardax reads
+      rewards at the last position whose attention mask is 1, never by searching for the pad id,
+      so pad == EOS is harmless (SmolLM2 ships that way).
+    """
+    from transformers import AutoTokenizer
+
+    path = Path(path).expanduser()
+    if not path.exists():
+        raise ModelLoadError(
+            f"{path} does not exist; pass a local tokenizer directory or .gguf file "
+            "(rewardax does not download from the Hugging Face hub)."
+        )
+    try:
+        if path.is_file() and path.suffix == ".gguf":
+            tok = AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
+        elif path.is_dir():
+            tok = AutoTokenizer.from_pretrained(str(path))
+        else:
+            raise ModelLoadError(f"{path}: pass a tokenizer directory or a .gguf file.")
+    except (OSError, ValueError) as exc:
+        raise ModelLoadError(f"{path}: cannot load a tokenizer ({exc}).") from exc
+    if not getattr(tok, "is_fast", False):
+        raise ModelLoadError(
+            f"{path}: only a slow (Python) tokenizer is available; need a fast one."
+        )
+    if tok.pad_token is None:
+        tok.pad_token = tok.eos_token
+    return tok
