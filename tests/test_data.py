@@ -1,0 +1,278 @@
+"""Formats, golden token ids, length policy, margins, the two collate functions, bad input."""
+
+import copy
+
+import numpy as np
+import pytest
+from data_fixtures import smollm2_tokenizer
+
+from rewardax.data import (
+    DataConfig,
+    collate_records,
+    create_grain_collect_function,
+    create_tfds_collect_function,
+    default_bucket_lengths,
+)
+from rewardax.errors import DataError
+
+IM_START, IM_END = 1, 2
+# "<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging Face<|im_end|>\n"
+SYSTEM = [
+    1,
+    9690,
+    198,
+    2683,
+    359,
+    253,
+    5356,
+    5646,
+    11173,
+    3365,
+    3511,
+    308,
+    34519,
+    28,
+    7018,
+    411,
+    407,
+    19712,
+    8182,
+    2,
+    198,
+]
+USER_HI = [1, 4093, 198, 26843, 2, 198]  # "<|im_start|>user\nHi<|im_end|>\n"
+ASSISTANT = [1, 520, 9531, 198]  # "<|im_start|>assistant\n"
+CONV_CHOSEN = SYSTEM + USER_HI + ASSISTANT + [19556, 17, IM_END]  # "Hello!<|im_end|>"
+CONV_REJECTED = SYSTEM + USER_HI + ASSISTANT + [6044, 2025, 30, IM_END]  # "Go away.<|im_end|>"
+REVIEW_GREAT = [21465, 42, 3756, 4771, 30, IM_END]  # "Review: Great film.<|im_end|>"
+REVIEW_DULL = [21465, 42, 422, 1274, 4771, 30, IM_END]  # "Review: Dull film.<|im_end|>"
+
+GOLDEN = {
+    "standard_implicit": (
+        {"chosen": "The film was great.", "rejected": "The film was dull."},
+        [504, 4771, 436, 1109, 30, IM_END],
+        [504, 4771, 436, 19724, 30, IM_END],
+    ),
+    "standard_explicit": (
+        {"prompt": "Review: ", "chosen": "Great film.", "rejected": "Dull film."},
+        REVIEW_GREAT,
+        REVIEW_DULL,
+    ),
+    "standard_explicit_not_doubled": (
+        {"prompt": "Review: ", "chosen": "Review: Great film.", "rejected": "Dull film."},
+        REVIEW_GREAT,
+        REVIEW_DULL,
+    ),
+    "conversational_explicit": (
+        {
+            "prompt": [{"role": "user", "content": "Hi"}],
+            "chosen": [{"role": "assistant", "content": "Hello!"}],
+            "rejected": [{"role": "assistant", "content": "Go away."}],
+        },
+        CONV_CHOSEN,
+        CONV_REJECTED,
+    ),
+    "conversational_implicit": (
+        {
+            "chosen": [
+                {"role": "user", "content": "Hi"},
+                {"role": "assistant", "content": "Hello!"},
+            ],
+            "rejected": [
+                {"role": "user", "content": "Hi"},
+                {"role": "assistant", "content": "Go away."},
+            ],
+        },
+        CONV_CHOSEN,
+        CONV_REJECTED,
+    ),
+    "sharegpt": (
+        {
+            "conversations": [{"from": "human", "value": "Hi"}],
+            "chosen": {"from": "gpt", "value": "Hello!"},
+            "rejected": {"from": "gpt", "value": "Go away."},
+        },
+        CONV_CHOSEN,
+        CONV_REJECTED,
+    ),
+    "pretokenized": (
+        {"chosen_input_ids": [5, 6, 7], "rejected_input_ids": [5, 6, 8]},
+        [5, 6, 7],
+        [5, 6, 8],
+    ),
+}
+
+
+@pytest.fixture(scope="module")
+def tok():
+    return smollm2_tokenizer()
+
+
+def other_template(tok, template):
+    # A copy with another chat template (building a second GGUF tokenizer takes seconds).
+    clone = copy.deepcopy(tok)
+    clone.chat_template = template
+    return clone
+
+
+@pytest.mark.parametrize("name", sorted(GOLDEN))
+def test_golden_token_ids(tok, name):
+    row, chosen, rejected = GOLDEN[name]
+    record = create_grain_collect_function(tok, 64)(row)
+    assert record["chosen_input_ids"].tolist() == chosen
+    assert record["rejected_input_ids"].tolist() == rejected
+    assert record["chosen_input_ids"].dtype == np.int32
+
+
+def test_chat_has_one_bos_and_tools_reach_template(tok):
+    row = dict(GOLDEN["conversational_explicit"][0])
+    ids = create_grain_collect_function(tok, 64)(row)["chosen_input_ids"].tolist()
+    assert ids.count(IM_START) == 3 and ids[0] == IM_START and ids[1] != IM_START
+    tok2 = other_template(
+        tok,
+        "{{ bos_token }}{% if tools %}T{{ tools|length }}{% endif %}{% if loud %}!{% endif %}{% for m in messages %}{{ m['content'] }}{% endfor %}{{ eos_token }}",
+    )
+    row = {**row, "tools": [{"name": "a"}, {"name": "b"}], "chat_template_kwargs": {"loud": True}}
+    ids = create_grain_collect_function(tok2, 64)(row)["chosen_input_ids"].tolist()
+    assert tok2.decode(ids) == "<|im_start|>T2!HiHello!<|im_end|>"
+    assert ids.count(IM_START) == 1
+
+
+def test_eos_appended_only_when_missing_and_configurable(tok):
+    fn = create_grain_collect_function(tok, 64)
+    rec = fn({"chosen": "Good.<|im_end|>", "rejected": "Bad."})
+    assert (
+        rec["chosen_input_ids"].tolist().count(IM_END) == 1
+        and rec["rejected_input_ids"][-1] == IM_END
+    )
+    off = create_grain_collect_function(tok, 64, data_config=DataConfig(append_eos=False))
+    assert off({"chosen": "Good.", "rejected": "Bad."})["chosen_input_ids"][-1] != IM_END
+
+
+LONG = {"prompt": "word " * 40, "chosen": "Yes indeed.", "rejected": "No."}
+
+
+def test_keep_end_cuts_prompt_from_left_and_keeps_reward_token(tok):
+    full = create_grain_collect_function(tok, 512)(LONG)
+    cut = create_grain_collect_function(tok, 16, "keep_end")(LONG)
+    for key in ("chosen_input_ids", "rejected_input_ids"):
+        assert len(cut[key]) <= 16
+        assert cut[key][-1] == IM_END  # the reward token survives
+    # The whole response survives: the chosen tail equals the untruncated tail.
+    assert tok.decode(cut["chosen_input_ids"]).endswith(" word Yes indeed.<|im_end|>")
+    assert cut["chosen_input_ids"].tolist() == full["chosen_input_ids"].tolist()[-16:]
+    assert cut["truncated"] and not full["truncated"]
+
+
+def test_keep_start_scores_last_kept_token_and_filter_drops(tok):
+    rec = create_grain_collect_function(tok, 10, "keep_start")(
+        {"chosen": "a b c d e f g h i j k l m", "rejected": "x"}
+    )
+    assert len(rec["chosen_input_ids"]) == 10
+    batch = collate_records([rec], 2, (10,))
+    assert batch["reward_index"].tolist() == [[9, 1]]
+    cfg = DataConfig(on_invalid="skip")
+    assert (
+        create_grain_collect_function(tok, 10, "filter", data_config=cfg)(
+            {"chosen": "a b c d e f g h i j k l", "rejected": "x"}
+        )
+        is None
+    )
+
+
+def test_margin_reaches_batch(tok):
+    rows = [
+        {"chosen": "Good.", "rejected": "Bad.", "margin": 2.5},
+        {"chosen": "Fine.", "rejected": "Poor."},
+    ]
+    batch = create_tfds_collect_function(tok, 64)(rows)
+    np.testing.assert_allclose(batch["margin"], [2.5, 0.0])
+    scored = [{"chosen": "Good.", "rejected": "Bad.", "score_chosen": 8.0, "score_rejected": 3.0}]
+    cfg = DataConfig(margin_from_scores=True, margin_scale=0.5)
+    batch = create_tfds_collect_function(tok, 64, data_config=cfg)(scored)
+    np.testing.assert_allclose(batch["margin"], [2.5])
+
+
+def test_both_collate_functions_give_identical_batches(tok):
+    rows = [GOLDEN[name][0] for name in ("standard_implicit", "standard_explicit", "sharegpt")]
+    rows = [{**r, "margin": float(i)} for i, r in enumerate(rows)]
+    grain_fn = create_grain_collect_function(tok, 128)
+    via_grain = collate_records([grain_fn(r) for r in rows], 2, default_bucket_lengths(128), 4)
+    via_tfds = create_tfds_collect_function(tok, 128, batch_size=4)(rows)
+    assert sorted(via_grain) == sorted(via_tfds)
+    for key, value in via_grain.items():
+        np.testing.assert_array_equal(value, via_tfds[key])
+    # The batch itself: shapes, dtypes, masks, reward index at the last real token, padding pair.
+    assert via_tfds["input_ids"].shape == (4, 2, 64) and via_tfds["input_ids"].dtype == np.int32
+    assert via_tfds["pair_mask"].tolist() == [1, 1, 1, 0]
+    lengths = via_tfds["attention_mask"].sum(-1)
+    np.testing.assert_array_equal(via_tfds["reward_index"][:3], lengths[:3] - 1)
+    assert via_tfds["reward_index"][3].tolist() == [0, 0] and lengths[3].tolist() == [0, 0]
+    assert via_tfds["input_ids"][0, 0, 6:].tolist() == [2] * 58  # right-padded with the pad id
+
+
+def test_buckets():
+    assert default_bucket_lengths(512) == (64, 128, 256, 512)
+    assert default_bucket_lengths(300) == (64, 128, 256, 300)
+    assert default_bucket_lengths(512, (100, 900)) == (100, 512)
+
+
+BAD = [
+    ({"rejected": "x"}, "missing_field", "'chosen'"),
+    ({"chosen": None, "rejected": "x"}, "missing_field", "'chosen'"),
+    ({"chosen": "   ", "rejected": "x"}, "empty_field", "'chosen'"),
+    ({"chosen": 3, "rejected": "x"}, "wrong_type", "'chosen'"),
+    ({"chosen": "same", "rejected": "same"}, "identical", "identical"),
+    (
+        {"chosen": [{"content": "a"}], "rejected": [{"role": "assistant", "content": "b"}]},
+        "bad_message",
+        "chosen[0]",
+    ),
+    (
+        {
+            "chosen": [{"role": "robot", "content": "a"}],
+            "rejected": [{"role": "assistant", "content": "b"}],
+        },
+        "unknown_role",
+        "robot",
+    ),
+    (
+        {"chosen": [{"from": "alien", "value": "a"}], "rejected": [{"from": "gpt", "value": "b"}]},
+        "unknown_role",
+        "alien",
+    ),
+    ({"chosen": "a", "rejected": "b", "margin": "big"}, "bad_margin", "'margin'"),
+    (
+        {"chosen_input_ids": [1, 10**9], "rejected_input_ids": [1, 2]},
+        "bad_token_id",
+        "chosen_input_ids",
+    ),
+    (
+        {"prompt": "p ", "chosen": "word " * 30, "rejected": "x"},
+        "response_too_long",
+        "max_sequence_length",
+    ),
+]
+
+
+@pytest.mark.parametrize(("row", "reason", "needle"), BAD)
+def test_bad_input_errors_name_field_and_skip_counts(tok, row, reason, needle):
+    with pytest.raises(DataError, match="row 0") as info:
+        create_tfds_collect_function(tok, 16)([row])
+    assert needle in str(info.value) and "on_invalid=skip" in str(info.value)
+    from rewardax.data.collate import RowProcessor
+
+    record = RowProcessor(tok, DataConfig(max_sequence_length=16, on_invalid="skip")).process(
+        row, 0, "row 0"
+    )
+    assert record["dropped"] == reason
+
+
+def test_chat_template_failure_is_a_data_error(tok):
+    tok2 = other_template(
+        tok,
+        "{{ raise_exception('no tools here') if tools else '' }}{% for m in messages %}{{ m['content'] }}{% endfor %}",
+    )
+    row = {**GOLDEN["conversational_implicit"][0], "tools": [{"name": "a"}]}
+    with pytest.raises(DataError, match="chat template failed"):
+        create_tfds_collect_function(tok2, 64)([row])
