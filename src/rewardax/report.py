@@ -179,11 +179,11 @@ def _plot_histograms(figure_class: Any, sets: list[_EvalSet], path: Path) -> Non
     for row, s in zip(axes, sets, strict=True):
         low = min(s.chosen.min(), s.rejected.min())
         high = max(s.chosen.max(), s.rejected.max())
-        bins = np.linspace(low, high, 41) if high > low else np.linspace(low - 0.5, high + 0.5, 3)
+        bins = np.linspace(low, high, 41) if high > low else np.linspace(low - 0.5, high + 0.5, 2)
         ax = row[0]
         ax.hist(s.rejected, bins=bins, alpha=0.55, color=REJECTED_COLOR, label="rejected")
         ax.hist(s.chosen, bins=bins, alpha=0.55, color=CHOSEN_COLOR, label="chosen")
-        ax.set_title(f"{_plain(s.name)}: rewards of chosen vs rejected responses")
+        ax.set_title(f"{_plain(s.name)}: rewards, chosen vs rejected")
         ax.set_xlabel("reward")
         ax.set_ylabel("responses")
         ax.yaxis.set_major_locator(MaxNLocator(integer=True))
@@ -191,10 +191,10 @@ def _plot_histograms(figure_class: Any, sets: list[_EvalSet], path: Path) -> Non
         ax = row[1]
         margins = s.chosen - s.rejected
         ax.hist(margins, bins=40 if np.ptp(margins) > 0 else 3, color="0.45")
-        ax.axvline(0.0, color="crimson", ls="--", lw=1.2, label="0: left of it, the model is wrong")
+        ax.axvline(0.0, color="crimson", ls="--", lw=1.2, label="0 (left of it: ranked wrongly)")
         accuracy = s.metrics["accuracy"]
-        ax.set_title(f"{_plain(s.name)}: margin r_chosen − r_rejected (accuracy {accuracy:.3f})")
-        ax.set_xlabel("reward margin")
+        ax.set_title(f"{_plain(s.name)}: reward margin per pair (accuracy {accuracy:.3f})")
+        ax.set_xlabel("r_chosen − r_rejected")
         ax.set_ylabel("pairs")
         ax.yaxis.set_major_locator(MaxNLocator(integer=True))
         ax.legend(fontsize="small")
@@ -234,10 +234,17 @@ def _plot_calibration(figure_class: Any, sets: list[_EvalSet], path: Path) -> No
     )
     for s in sets:
         bins = [b for b in s.metrics["calibration_bins"] if b["count"]]
-        reliability.plot(
-            [b["confidence"] for b in bins],
-            [b["accuracy"] for b in bins],
-            "o-",
+        x = [b["confidence"] for b in bins]
+        y = [b["accuracy"] for b in bins]
+        (line,) = reliability.plot(x, y, "-", lw=1.2, alpha=0.7)
+        # Marker area grows with the bin's pair count: a point from 3 pairs should look tentative.
+        sizes = 15 + 185 * np.array([b["count"] for b in bins]) / max(b["count"] for b in bins)
+        reliability.scatter(
+            x,
+            y,
+            s=sizes,
+            color=line.get_color(),
+            zorder=3,
             label=f"{_plain(s.name)} (ECE {s.metrics['ece']:.3f})",
         )
         all_bins = s.metrics["calibration_bins"]
@@ -247,9 +254,19 @@ def _plot_calibration(figure_class: Any, sets: list[_EvalSet], path: Path) -> No
     reliability.set_ylim(-0.02, 1.02)
     reliability.set_xlabel("confidence max(p, 1 − p), p = σ(r_chosen − r_rejected)")
     reliability.set_ylabel("accuracy in bin")
-    reliability.set_title("Reliability diagram (below the diagonal: overconfident)")
+    reliability.set_title("Reliability diagram (marker area ∝ pairs in bin)")
+    reliability.text(
+        0.98,
+        0.03,
+        "below the diagonal: overconfident",
+        transform=reliability.transAxes,
+        ha="right",
+        va="bottom",
+        color="0.35",
+        fontsize="small",
+    )
     reliability.grid(alpha=0.3)
-    reliability.legend(fontsize="small")
+    reliability.legend(fontsize="small", loc="upper left", markerscale=0.6)
     counts.set_xlabel("confidence")
     counts.set_ylabel("pairs")
     counts.yaxis.set_major_locator(MaxNLocator(integer=True))
