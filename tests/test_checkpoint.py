@@ -226,6 +226,11 @@ def test_resolve_resume(tmp_path: Path) -> None:
         assert result is not None and result.step == 4 and result.extra == {"s": 4}
         assert ckpt.resume("auto", abstract_of(make_state(0))) is None
         assert ckpt.resume("off", abstract_of(make_state(0))) is None
+        # The two-step form: resolve, then restore the target (the checkpointer stands for its dir).
+        target = resolve_resume(str(root), ckpt)
+        assert target == ResumeTarget(root, None)
+        assert ckpt.restore(abstract_of(make_state(0)), step=target).step == 8
+    assert sorted(p.name for p in root.iterdir()) == ["12.orbax-checkpoint-tmp-123", "4", "8"]
 
 
 def test_sigkill_during_a_save_leaves_previous_intact(tmp_path: Path) -> None:

@@ -151,6 +151,8 @@ class TrainCheckpointer:
             missing unless ``read_only``.
         max_to_keep: how many of the newest checkpoints to keep (``None``: keep all). Older ones are
             deleted only after a newer save has been committed.
+        process_index: this process's index (default ``jax.process_index()``, which is what Orbax
+            uses); process 0 does the renames/deletions this class adds to Orbax's own.
         read_only: open an existing directory (e.g. another run's) without ever writing to it.
 
     Example::
@@ -162,7 +164,12 @@ class TrainCheckpointer:
     """
 
     def __init__(
-        self, directory: str | os.PathLike[str], *, max_to_keep: int | None, read_only: bool = False
+        self,
+        directory: str | os.PathLike[str],
+        *,
+        max_to_keep: int | None,
+        process_index: int | None = None,
+        read_only: bool = False,
     ) -> None:
         if max_to_keep is not None and (
             isinstance(max_to_keep, bool) or not isinstance(max_to_keep, int) or max_to_keep < 1
@@ -173,6 +180,7 @@ class TrainCheckpointer:
         self.directory = Path(directory).absolute()
         self.max_to_keep = max_to_keep
         self.read_only = read_only
+        self.process_index = jax.process_index() if process_index is None else process_index
         if read_only and not self.directory.is_dir():
             raise CheckpointError(f"checkpoint directory {self.directory} does not exist")
         # Steps found unloadable by restore(): a later save at the same step moves them aside.
@@ -211,7 +219,7 @@ class TrainCheckpointer:
 
     def _remove_interrupted_writes(self) -> None:
         """Deletes ``*.orbax-checkpoint-tmp*`` directories (killed or failed saves; never listed)."""
-        if jax.process_index() == 0 and self.directory.is_dir():
+        if self.process_index == 0 and self.directory.is_dir():
             for path in self.directory.iterdir():
                 if _TMP_MARKER in path.name:
                     shutil.rmtree(path, ignore_errors=True)
@@ -299,7 +307,7 @@ class TrainCheckpointer:
             self._manager.close()
             self._remove_interrupted_writes()
             self._manager = self._open_manager()
-            if replacing_valid and moved_aside is not None and jax.process_index() == 0:
+            if replacing_valid and moved_aside is not None and self.process_index == 0:
                 moved_aside.rename(self.step_path(step))
             raise CheckpointError(
                 f"saving checkpoint step {step} under {self.directory} failed: {_describe(exc)}. "
@@ -307,21 +315,21 @@ class TrainCheckpointer:
                 "intact. Check free disk space, file-size limits and write permission."
             ) from exc
         self._bad_steps.discard(step)
-        if replacing_valid and moved_aside is not None and jax.process_index() == 0:
+        if replacing_valid and moved_aside is not None and self.process_index == 0:
             shutil.rmtree(moved_aside, ignore_errors=True)
         return True
 
     def _move_aside(self, step: int, why: str) -> Path:
         """Renames ``<root>/<step>`` to a name Orbax does not list; returns the new path."""
         target = self.directory / f"{step}.{why}-{time.strftime('%Y%m%d-%H%M%S')}"
-        if jax.process_index() == 0:
+        if self.process_index == 0:
             self.step_path(step).rename(target)
         self._barrier(f"move_aside_{step}")
         self._manager.reload()
         return target
 
     # --------------------------------------------------------------------------------- restoring
-    def restore(self, abstract_state: Any, step: int | None = None) -> RestoreResult:
+    def restore(self, abstract_state: Any, step: int | ResumeTarget | None = None) -> RestoreResult:
         """Loads checkpoint ``step`` (None: the newest one that loads) into ``abstract_state``'s layout.
 
         Args:
@@ -332,6 +340,8 @@ class TrainCheckpointer:
             step: the step to load. An explicit step that cannot be loaded is an error; with None,
                 a newer checkpoint that fails to load is skipped with a
                 :class:`CorruptCheckpointWarning` naming its directory, and the next older is tried.
+                A :class:`ResumeTarget` (from :func:`resolve_resume`) may name another directory,
+                which is then read without being modified.
 
         Returns:
             A :class:`RestoreResult`: ``step, state, extra = result``; ``result.skipped`` lists the
@@ -342,6 +352,11 @@ class TrainCheckpointer:
                 none of the checkpoints loads (the reasons are listed; this never falls back to a
                 fresh start).
         """
+        if isinstance(step, ResumeTarget):
+            if step.root.resolve() != self.directory.resolve():
+                with TrainCheckpointer(step.root, max_to_keep=None, read_only=True) as other:
+                    return other.restore(abstract_state, step.step)
+            step = step.step
         abstract = self._abstract(abstract_state)
         available = self.steps()
         if step is not None:
@@ -432,13 +447,7 @@ class TrainCheckpointer:
         target = resolve_resume(resume, self.directory)
         if target is None:
             return None
-        if target.root.resolve() == self.directory.resolve():
-            return self.restore(abstract_state, target.step)
-        other = TrainCheckpointer(target.root, max_to_keep=None, read_only=True)
-        try:
-            return other.restore(abstract_state, target.step)
-        finally:
-            other.close()
+        return self.restore(abstract_state, target)
 
     def close(self) -> None:
         """Waits for pending work and releases Orbax's resources."""
@@ -452,7 +461,8 @@ class TrainCheckpointer:
 
 
 def resolve_resume(
-    resume: str | os.PathLike[str] | None, checkpoint_dir: str | os.PathLike[str]
+    resume: str | os.PathLike[str] | None,
+    checkpoint_dir: str | os.PathLike[str] | TrainCheckpointer,
 ) -> ResumeTarget | None:
     """Turns a ``resume`` setting into the checkpoint to load, without loading it.
 
@@ -460,7 +470,7 @@ def resolve_resume(
         resume: ``"auto"`` (the newest checkpoint under ``checkpoint_dir``, if any), ``"off"`` or
             None (fresh start), or a path: a step directory (``.../checkpoints/120``), a
             checkpoints root, or a run directory containing ``checkpoints/``.
-        checkpoint_dir: this run's checkpoints root.
+        checkpoint_dir: this run's checkpoints root (or its :class:`TrainCheckpointer`).
 
     Returns:
         A :class:`ResumeTarget` (``step`` None means the newest valid one), or None for a fresh
@@ -473,6 +483,8 @@ def resolve_resume(
     """
     if resume is None or resume == "off":
         return None
+    if isinstance(checkpoint_dir, TrainCheckpointer):
+        checkpoint_dir = checkpoint_dir.directory
     root = Path(checkpoint_dir).absolute()
     if resume == "auto":
         return ResumeTarget(root, None) if _finalized_steps(root) else None
