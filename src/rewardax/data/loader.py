@@ -263,6 +263,11 @@ class PreferenceLoader:
             grain.ReadOptions(num_threads=0 if workers else 1, prefetch_buffer_size=256)
         )
         if workers > 0:
+            from absl import flags
+
+            # Grain's worker processes read absl flags; outside an absl app nobody parses them.
+            if not flags.FLAGS.is_parsed():
+                flags.FLAGS.mark_as_parsed()
             iterable = iterable.mp_prefetch(
                 grain.MultiprocessingOptions(num_workers=workers, per_worker_buffer_size=64)
             )

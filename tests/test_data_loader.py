@@ -1,0 +1,188 @@
+"""The loader: resume, process slices, eval coverage, sources, malformed files, workers."""
+
+import json
+
+import numpy as np
+import pytest
+from data_fixtures import smollm2_tokenizer
+
+from rewardax.data import (
+    DataConfig,
+    PreferenceLoader,
+    ShardedDataSource,
+    iterate_eval_batches,
+    load_source,
+)
+from rewardax.errors import CheckpointError, DataError
+
+
+@pytest.fixture(scope="module")
+def tok():
+    return smollm2_tokenizer()
+
+
+def make_rows(n):
+    return [
+        {
+            "prompt": f"Q{i}: ",
+            "chosen": "good " * (i % 7 + 1),
+            "rejected": "bad " * (i % 5 + 1),
+            "margin": i / 8,
+        }
+        for i in range(n)
+    ]
+
+
+def equal(a, b):
+    return sorted(a) == sorted(b) and all(np.array_equal(a[k], b[k]) for k in a)
+
+
+CFG = DataConfig(max_sequence_length=64, length_group_window=12, bucket_lengths=(8, 16, 32, 64))
+
+
+@pytest.mark.parametrize("prefetch", [0, 2])
+def test_resume_continues_at_exact_next_batch(tok, prefetch):
+    cfg = DataConfig(**{**CFG.__dict__, "prefetch": prefetch})
+    rows = make_rows(37)
+    loader = PreferenceLoader(rows, tok, cfg, batch_size=4, seed=3, num_epochs=3)
+    it = iter(loader)
+    for _ in range(11):  # ends inside a window of the second epoch
+        next(it)
+    state = json.loads(json.dumps(loader.get_state()))
+    rest = list(it)
+    fresh = PreferenceLoader(rows, tok, cfg, batch_size=4, seed=3, num_epochs=3)
+    fresh.set_state(state)
+    again = list(fresh)
+    assert len(again) == len(rest) > 0 and all(
+        equal(a, b) for a, b in zip(rest, again, strict=True)
+    )
+    assert fresh.stats.as_dict() == loader.stats.as_dict()
+    assert loader.epoch == 3 and loader.stats.pairs_seen == 4 * (11 + len(rest))
+    other = PreferenceLoader(rows, tok, cfg, batch_size=8, seed=3)
+    with pytest.raises(CheckpointError, match="batch_size"):
+        other.set_state(state)
+
+
+def test_epochs_reshuffle_deterministically_and_lengths_group(tok):
+    rows = make_rows(48)
+
+    def margins(seed):
+        loader = PreferenceLoader(rows, tok, CFG, batch_size=4, seed=seed, num_epochs=2)
+        return [tuple(b["margin"]) for b in loader]
+
+    first = margins(0)
+    assert first == margins(0) and first != margins(1)
+    assert sorted(x for m in first[:12] for x in m) == sorted(
+        i / 8 for i in range(48)
+    )  # epoch 1 = every row
+    assert first[:12] != first[12:]  # epoch 2 has another order
+    fine = DataConfig(**{**CFG.__dict__, "bucket_lengths": tuple(range(4, 65, 2))})
+    loader = PreferenceLoader(rows, tok, fine, batch_size=4, seed=0, num_epochs=1)
+    grouped = [
+        b["attention_mask"].sum(-1).max() - b["attention_mask"].sum(-1).min() for b in loader
+    ]
+    plain = PreferenceLoader(
+        rows,
+        tok,
+        DataConfig(**{**fine.__dict__, "length_group_window": 1}),
+        batch_size=4,
+        seed=0,
+        num_epochs=1,
+    )
+    spread = [b["attention_mask"].sum(-1).max() - b["attention_mask"].sum(-1).min() for b in plain]
+    assert np.mean(grouped) < np.mean(spread)
+    assert loader.stats.padding_efficiency > plain.stats.padding_efficiency
+
+
+def test_process_slices_are_disjoint_and_complete(tok):
+    rows = make_rows(23)
+    seen = []
+    for pi in range(3):
+        loader = PreferenceLoader(
+            rows,
+            tok,
+            CFG,
+            batch_size=2,
+            seed=5,
+            process_index=pi,
+            process_count=3,
+            num_epochs=1,
+            drop_remainder=False,
+        )
+        seen.append(
+            [m for b in loader for m, keep in zip(b["margin"], b["pair_mask"], strict=True) if keep]
+        )
+    flat = [x for s in seen for x in s]
+    assert len(flat) == 23 and sorted(flat) == sorted(i / 8 for i in range(23))
+
+
+def test_eval_sees_every_pair_once_in_fixed_order(tok):
+    rows = make_rows(29)
+    rows[4] = {"chosen": "same", "rejected": "same"}
+    cfg = DataConfig(**{**CFG.__dict__, "on_invalid": "skip"})
+    batches = list(iterate_eval_batches(rows, tok, cfg, batch_size=8))
+    index = np.concatenate([b["row_index"] for b in batches])
+    mask = np.concatenate([b["pair_mask"] for b in batches])
+    assert sorted(index[mask == 1].tolist()) == [i for i in range(29) if i != 4]
+    assert (index[mask == 0] == -1).all() and len(index) % 8 == 0
+    again = list(iterate_eval_batches(rows, tok, cfg, batch_size=8))
+    assert all(equal(a, b) for a, b in zip(batches, again, strict=True))
+
+
+def test_sources_files_globs_dirs_and_datasets(tok, tmp_path):
+    import datasets
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    rows = [{"chosen": f"good {i}", "rejected": f"bad {i}"} for i in range(6)]
+    (tmp_path / "a.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows[:3]) + "\n")
+    (tmp_path / "b.json").write_text(json.dumps(rows[3:]))
+    pq.write_table(pa.Table.from_pylist(rows), tmp_path / "c.parquet")
+    (tmp_path / "d.csv").write_text(
+        "chosen,rejected\n" + "".join(f"{r['chosen']},{r['rejected']}\n" for r in rows)
+    )
+    assert len(ShardedDataSource(tmp_path)) == 18
+    assert len(load_source(str(tmp_path / "*.json*"))) == 6
+    assert (
+        load_source(tmp_path / "c.parquet")[2] == rows[2]
+        and load_source(str(tmp_path / "d.csv"))[5] == rows[5]
+    )
+    ds = datasets.Dataset.from_list(rows)
+    ds.save_to_disk(tmp_path / "saved")
+    arrow = next((tmp_path / "saved").glob("*.arrow"))
+    assert load_source(arrow)[1] == rows[1]
+    for source in (ds, ds.to_iterable_dataset(), rows, str(tmp_path / "a.jsonl")):
+        batches = list(iterate_eval_batches(source, tok, CFG, batch_size=4))
+        assert sum(int(b["pair_mask"].sum()) for b in batches) == (
+            3 if isinstance(source, str) else 6
+        )
+
+
+def test_malformed_json_line_names_file_and_line(tok, tmp_path):
+    path = tmp_path / "bad.jsonl"
+    path.write_text(
+        '{"chosen": "a", "rejected": "b"}\n{"chosen": "c", oops}\n{"chosen": "d", "rejected": "e"}\n'
+    )
+    with pytest.raises(DataError, match=r"bad\.jsonl:2 \(row 1\)"):
+        list(iterate_eval_batches(path, tok, CFG, batch_size=2))
+    loader = PreferenceLoader(
+        path,
+        tok,
+        DataConfig(**{**CFG.__dict__, "on_invalid": "skip"}),
+        batch_size=2,
+        seed=0,
+        num_epochs=1,
+    )
+    assert sum(int(b["pair_mask"].sum()) for b in loader) == 2 and loader.stats.dropped == {
+        "malformed_json": 1
+    }
+
+
+def test_workers_give_the_same_batches(tok):
+    rows = make_rows(30)
+    cfg = DataConfig(**{**CFG.__dict__, "num_workers": 2})
+    with_workers = list(PreferenceLoader(rows, tok, cfg, batch_size=4, seed=2, num_epochs=1))
+    in_process = list(PreferenceLoader(rows, tok, CFG, batch_size=4, seed=2, num_epochs=1))
+    assert len(with_workers) == 7 and all(
+        equal(a, b) for a, b in zip(with_workers, in_process, strict=True)
+    )
