@@ -134,6 +134,12 @@ def coerce(value: Any, tp: Any, where: str) -> Any:
         if isinstance(value, (int, float)) and not isinstance(value, bool):
             return str(value)  # e.g. `run_name: 2024`
         raise ConfigError(f"{where} must be a string; got {value!r}")
+    if tp is Any:
+        return value
+    if origin is dict or tp is dict:
+        if isinstance(value, Mapping):
+            return dict(value)
+        raise ConfigError(f"{where} must be a mapping; got {value!r}")
     raise TypeError(f"no parser for the type {tp!r} of {where}")  # a field type this file misses
 
 
