@@ -43,40 +43,6 @@ def pair_rewards(model: nnx.Module, batch: Batch, *, dropout_rng: jax.Array | No
     return rewards[:, 0], rewards[:, 1]
 
 
-def _sums(chosen, rejected, margin, pair_mask, center_coefficient):
-    """Per-batch SUMS over real pairs (not means): summed sums over microbatches and devices
-    divided by the real pair count give exactly the one-large-batch value."""
-    mask = pair_mask.astype(jnp.float32)
-    per_pair = losses.bradley_terry_loss(chosen, rejected, margin)
-    if center_coefficient:
-        per_pair = per_pair + center_coefficient * losses.centering_penalty(chosen, rejected)
-    return {
-        "loss": jnp.sum(per_pair * mask),
-        "accuracy": jnp.sum(losses.pairwise_accuracy(chosen, rejected) * mask),
-        "margin": jnp.sum((chosen - rejected) * mask),
-        "chosen_reward": jnp.sum(chosen * mask),
-        "rejected_reward": jnp.sum(rejected * mask),
-        "reward_sq": jnp.sum((chosen**2 + rejected**2) * mask),
-        "num_pairs": jnp.sum(mask),
-    }
-
-
-def _finish(sums: dict[str, jax.Array]) -> dict[str, jax.Array]:
-    """Turns summed statistics into means over the real pairs of the whole (global) batch."""
-    n = jnp.maximum(sums["num_pairs"], 1.0)
-    mean_reward = (sums["chosen_reward"] + sums["rejected_reward"]) / (2 * n)
-    var = sums["reward_sq"] / (2 * n) - mean_reward**2
-    return {
-        "loss": sums["loss"] / n,
-        "accuracy": sums["accuracy"] / n,
-        "margin": sums["margin"] / n,
-        "chosen_reward": sums["chosen_reward"] / n,
-        "rejected_reward": sums["rejected_reward"] / n,
-        "reward_std": jnp.sqrt(jnp.maximum(var, 0.0)),
-        "num_pairs": sums["num_pairs"],
-    }
-
-
 def _microbatches(batch: Batch, accumulation_steps: int) -> Batch:
     """[B, ...] -> [A, B/A, ...] taking every A-th pair, so that each device's shard of the batch
     holds its share of every microbatch (a contiguous split would put a microbatch on few devices)."""
@@ -109,7 +75,9 @@ def make_train_step(
     def micro_loss(params, rest, micro: Batch, total_pairs, rng):
         model = nnx.merge(graphdef, params, rest)
         chosen, rejected = pair_rewards(model, micro, dropout_rng=rng)
-        sums = _sums(chosen, rejected, micro["margin"], micro["pair_mask"], center_coefficient)
+        sums = losses.reward_metric_sums(
+            chosen, rejected, micro["margin"], micro["pair_mask"], center_coefficient
+        )
         return sums["loss"] / total_pairs, sums
 
     grad_fn = jax.grad(micro_loss, has_aux=True)
@@ -130,24 +98,20 @@ def make_train_step(
             return (grads_acc, sums_acc), None
 
         zero_grads = jax.tree.map(lambda p: jnp.zeros(p.shape, jnp.float32), params)
-        zero_sums = {
-            k: jnp.zeros((), jnp.float32)
-            for k in (
-                "loss",
-                "accuracy",
-                "margin",
-                "chosen_reward",
-                "rejected_reward",
-                "reward_sq",
-                "num_pairs",
-            )
-        }
+        # The shapes of the sums, without running anything.
+        zero_sums = jax.tree.map(
+            lambda x: jnp.zeros(x.shape, x.dtype),
+            jax.eval_shape(
+                lambda mb: grad_fn(params, rest, mb, total_pairs, None)[1],
+                jax.tree.map(lambda x: x[0], micro),
+            ),
+        )
         (grads, sums), _ = jax.lax.scan(
             body, (zero_grads, zero_sums), (jnp.arange(accumulation_steps), micro)
         )
         grads = jax.tree.map(lambda g, p: g.astype(p.dtype), grads, params)
         grad_norm = optax.global_norm(grads)
-        metrics = _finish(sums)
+        metrics = losses.metrics_from_sums(sums)
         finite = jnp.isfinite(metrics["loss"]) & jnp.isfinite(grad_norm)
 
         updates, new_opt_state = optimizer.update(grads, arrays["opt_state"], params)
