@@ -4,8 +4,8 @@ import copy
 
 import numpy as np
 import pytest
-from data_fixtures import smollm2_tokenizer
 
+from data_fixtures import smollm2_tokenizer
 from rewardax.data import (
     DataConfig,
     collate_records,
