@@ -110,7 +110,7 @@ def make_train_step(
             body, (zero_grads, zero_sums), (jnp.arange(accumulation_steps), micro)
         )
         grads = jax.tree.map(lambda g, p: g.astype(p.dtype), grads, params)
-        grad_norm = optax.global_norm(grads)
+        grad_norm = optax.tree.norm(grads)
         metrics = losses.metrics_from_sums(sums)
         finite = jnp.isfinite(metrics["loss"]) & jnp.isfinite(grad_norm)
 

@@ -1,0 +1,506 @@
+"""RewardTrainer: the training loop of the reference API (EasyDeL's `RewardTrainer` docs), done right.
+
+The loop knows nothing about preferences beyond calling the pure steps of `rewardax.steps`: it moves
+batches to devices, calls the jitted step, logs, evaluates, checkpoints and exports.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import signal
+import time
+import warnings
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, NamedTuple
+
+import jax
+import numpy as np
+
+from rewardax import data as rdata
+from rewardax.checkpoint import CHECKPOINT_SUBDIR, TrainCheckpointer
+from rewardax.config import RewardConfig
+from rewardax.errors import ConfigError, NonFiniteError
+from rewardax.evaluation import preference_metrics, reward_normalization
+from rewardax.logging import MetricsLogger
+from rewardax.models import AutoRewardModel, RewardModel, smollm2_gguf_path
+from rewardax.optim import build_optimizer, build_schedule
+from rewardax.sharding import batch_sharding, make_mesh, replicated, state_shardings
+from rewardax.state import RewardState
+from rewardax.steps import make_eval_step, make_train_step
+
+EXPORT_DIRNAME = "export"
+
+
+class TrainerFunctions(NamedTuple):
+    """What `configure_functions()` returns."""
+
+    train_step: Any  # jitted (arrays, batch) -> (arrays, metrics)
+    eval_step: Any  # jitted (arrays, batch) -> {"chosen": [B], "rejected": [B]}
+    mesh: jax.sharding.Mesh
+    checkpoint_manager: TrainCheckpointer
+
+
+@dataclass
+class TrainResult:
+    """What `train()` returns: final metrics, the run directory and the exported model."""
+
+    metrics: dict[str, Any]
+    run_dir: Path
+    export_dir: Path | None
+    stopped_early: bool = False
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "metrics": self.metrics,
+            "run_dir": str(self.run_dir),
+            "export_dir": str(self.export_dir) if self.export_dir else None,
+            "stopped_early": self.stopped_early,
+        }
+
+
+class RewardTrainer:
+    """Trains a reward model on preference pairs.
+
+    Args:
+      arguments: the RewardConfig.
+      processing_class: the tokenizer (`rx.load_tokenizer`).
+      model: a `RewardModel`, a `RewardState` (model + optimizer state + step), or None (then
+        `arguments.model.path` is loaded; None there means the built-in SmolLM2-135M-Instruct).
+      train_dataset: a Hugging Face Dataset / IterableDataset, a ShardedDataSource, a path or a list
+        of rows (see `rewardax.data`).
+      eval_dataset: the same, or a dict of named eval sets.
+      data_collator: optional callable(list of records) -> batch, replacing the default
+        `create_tfds_collect_function(...)` collation.
+    """
+
+    def __init__(
+        self,
+        arguments: RewardConfig,
+        processing_class: Any,
+        model: RewardModel | RewardState | None = None,
+        train_dataset: Any = None,
+        eval_dataset: Any = None,
+        data_collator: Any = None,
+    ):
+        if not isinstance(arguments, RewardConfig):
+            raise ConfigError(
+                f"arguments must be a rewardax.RewardConfig, got {type(arguments).__name__}"
+            )
+        self.config = arguments
+        self.tokenizer = processing_class
+        self.data_collator = data_collator
+        self.process_index = jax.process_index()
+        self.process_count = jax.process_count()
+
+        cfg = self.config
+        cfg.validate(num_devices=jax.device_count())
+        dp, fsdp, tp = cfg.mesh.resolve(jax.device_count())
+        self.mesh = make_mesh(dp, fsdp, tp)
+        self.data_parallel_size = dp * fsdp
+        self.global_batch_size = cfg.train.per_device_train_batch_size * dp * fsdp
+        self.accumulation_steps = cfg.train.gradient_accumulation_steps
+        self.step_batch_size = self.global_batch_size * self.accumulation_steps
+
+        self.train_loader = None
+        if train_dataset is not None:
+            self.train_loader = rdata.PreferenceLoader(
+                train_dataset,
+                self.tokenizer,
+                cfg.data,
+                batch_size=self.step_batch_size // self.process_count,
+                seed=cfg.train.seed,
+                process_index=self.process_index,
+                process_count=self.process_count,
+            )
+        self.eval_sets = self._named_eval_sets(eval_dataset)
+        self.total_steps = self._total_steps()
+
+        self.schedule = build_schedule(cfg.optim, max(self.total_steps, 1))
+        self.optimizer = build_optimizer(cfg.optim, max(self.total_steps, 1))
+        self.state = self._initial_state(model)
+        self.run_dir = Path(cfg.checkpoint.save_directory) / self.run_name()
+        self._functions: TrainerFunctions | None = None
+        self._stop_signal: int | None = None
+
+    # ----------------------------------------------------------------------------------- setup
+
+    def run_name(self) -> str:
+        """The run directory's name: `checkpoint.run_name`, else a hash of the training settings,
+        so that rerunning the same command finds (and resumes) the same run."""
+        if self.config.checkpoint.run_name:
+            return self.config.checkpoint.run_name
+        settings = self.config.to_dict()
+        for section in ("checkpoint", "logging", "eval", "mesh"):
+            settings.pop(section, None)
+        for length_only in ("max_training_steps", "num_train_epochs"):
+            settings["train"].pop(length_only, None)
+        digest = hashlib.sha256(json.dumps(settings, sort_keys=True).encode()).hexdigest()
+        return "run-" + digest[:10]
+
+    def _named_eval_sets(self, eval_dataset: Any) -> dict[str, Any]:
+        if eval_dataset is None:
+            return {}
+        if isinstance(eval_dataset, Mapping) and not _looks_like_row(eval_dataset):
+            return dict(eval_dataset)
+        return {"eval": eval_dataset}
+
+    def _total_steps(self) -> int:
+        train = self.config.train
+        if train.max_training_steps is not None:
+            return int(train.max_training_steps)
+        if self.train_loader is None:
+            return 0
+        if self.train_loader.streaming:
+            raise ConfigError(
+                "the training data has no known length (an IterableDataset?): set "
+                "train.max_training_steps"
+            )
+        per_epoch = len(self.train_loader.local_rows) // self.train_loader.batch_size
+        if per_epoch == 0:
+            raise ConfigError(
+                f"the training data holds fewer pairs than one step needs ({self.step_batch_size} "
+                "= per_device_train_batch_size x data-parallel devices x "
+                "gradient_accumulation_steps): lower the batch size or add data"
+            )
+        return int(per_epoch * train.num_train_epochs)
+
+    def _initial_state(self, model: RewardModel | RewardState | None) -> RewardState:
+        cfg = self.config
+        if model is None:
+            path = cfg.model.path or smollm2_gguf_path()
+            model = AutoRewardModel.from_pretrained(
+                path,
+                dtype=cfg.model.dtype,
+                param_dtype=cfg.model.param_dtype,
+                num_labels=cfg.model.num_labels,
+                remat_policy=cfg.model.remat_policy,
+                dropout_rate=cfg.model.dropout_rate,
+                seed=cfg.train.seed,
+            )
+        if isinstance(model, RewardState):
+            state = model
+        else:
+            state = RewardState.create(model, self.optimizer, seed=cfg.train.seed)
+        return self._shard_state(state)
+
+    def _shard_state(self, state: RewardState) -> RewardState:
+        """Places parameters by the sharding table; the optimizer state follows the parameters."""
+        param_shardings = state_shardings(state.params, self.mesh)
+        params = jax.device_put(state.params, param_shardings)
+        rest = jax.device_put(state.rest, replicated(self.mesh))
+        opt_state = jax.jit(self.optimizer.init)(params) if _is_fresh(state) else state.opt_state
+        return RewardState(
+            graphdef=state.graphdef,
+            params=params,
+            rest=rest,
+            opt_state=opt_state,
+            step=jax.device_put(state.step, replicated(self.mesh)),
+            rng=jax.device_put(state.rng, replicated(self.mesh)),
+        )
+
+    def configure_functions(self) -> TrainerFunctions:
+        """JIT-compiles the train and eval steps for the current state's shardings."""
+        if self._functions is not None:
+            return self._functions
+        cfg = self.config
+        train_step = make_train_step(
+            self.state.graphdef,
+            self.optimizer,
+            self.schedule,
+            accumulation_steps=self.accumulation_steps,
+            center_coefficient=cfg.train.center_rewards_coefficient,
+            dropout=cfg.model.dropout_rate > 0,
+        )
+        shardings = jax.tree.map(lambda x: x.sharding, self.state.arrays())
+        data = batch_sharding(self.mesh)
+        jitted_train = jax.jit(
+            train_step,
+            in_shardings=(shardings, data),
+            out_shardings=(shardings, replicated(self.mesh)),
+            donate_argnums=(0,),
+        )
+        jitted_eval = jax.jit(
+            make_eval_step(self.state.graphdef),
+            in_shardings=(shardings, data),
+            out_shardings=replicated(self.mesh),
+        )
+        checkpointer = TrainCheckpointer(
+            self.run_dir / CHECKPOINT_SUBDIR,
+            max_to_keep=cfg.checkpoint.save_total_limit,
+            process_index=self.process_index,
+        )
+        self._functions = TrainerFunctions(jitted_train, jitted_eval, self.mesh, checkpointer)
+        return self._functions
+
+    # ------------------------------------------------- the reference API's collate functions
+
+    def create_grain_collect_function(
+        self, max_sequence_length: int, truncation_mode: str = "keep_end"
+    ):
+        """Per-record collate function for Grain pipelines (tokenizer and pad id bound)."""
+        return rdata.create_grain_collect_function(
+            self.tokenizer, max_sequence_length, truncation_mode, data_config=self.config.data
+        )
+
+    def create_tfds_collect_function(
+        self, max_sequence_length: int, truncation_mode: str = "keep_end"
+    ):
+        """List-of-records -> batch collate function, for tf.data or any loader yielding lists."""
+        return rdata.create_tfds_collect_function(
+            self.tokenizer, max_sequence_length, truncation_mode, data_config=self.config.data
+        )
+
+    # ----------------------------------------------------------------------------- training
+
+    def train(self) -> TrainResult:
+        """Trains for `total_steps`, evaluating, logging and checkpointing as configured.
+
+        Returns a TrainResult (final metrics, run directory, exported Hugging Face directory).
+        """
+        if self.train_loader is None:
+            raise ConfigError("RewardTrainer.train() needs a train_dataset")
+        cfg = self.config
+        fns = self.configure_functions()
+        ckpt = fns.checkpoint_manager
+        start_step = self._maybe_resume(ckpt)
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        if self.process_index == 0:
+            (self.run_dir / "config.json").write_text(json.dumps(cfg.to_dict(), indent=2))
+
+        logger = MetricsLogger(
+            self.run_dir,
+            report_to=list(cfg.logging.report_to),
+            process_index=self.process_index,
+            total_steps=self.total_steps,
+            progress_bar=cfg.logging.progress_bar,
+            resume_step=start_step if start_step > 0 else None,
+        )
+        final_metrics: dict[str, Any] = {}
+        previous_handlers = self._install_signal_handlers()
+        stopped_early = False
+        try:
+            if cfg.eval.eval_at_start and start_step == 0 and self.eval_sets:
+                final_metrics["eval_before"] = self._evaluate_and_log(logger, step=0)
+            arrays = self.state.arrays()
+            data = batch_sharding(self.mesh)
+            iterator = iter(self.train_loader)
+            skipped = int(self._skipped_steps)
+            window_start, window_pairs, window_tokens = time.perf_counter(), 0.0, 0.0
+            last_saved = start_step
+            step = start_step
+            while step < self.total_steps:
+                if self._stop_signal is not None:
+                    stopped_early = True
+                    break
+                host_batch = next(iterator)
+                batch = jax.device_put(_model_inputs(host_batch), data)
+                arrays, metrics = fns.train_step(arrays, batch)
+                metrics = jax.device_get(metrics)
+                step += 1
+                if metrics["nonfinite"]:
+                    if cfg.train.nan_policy == "error":
+                        raise NonFiniteError(
+                            f"step {step}: the loss or the gradients are NaN/Inf (loss="
+                            f"{float(metrics['loss'])}, grad_norm={float(metrics['grad_norm'])}); "
+                            f"the update was not applied and nothing was saved. The last "
+                            f"checkpoint ({_last_saved_text(ckpt)}) is intact. Lower the learning "
+                            "rate, check the data, or set train.nan_policy=skip_step"
+                        )
+                    skipped += 1
+                window_pairs += float(metrics["num_pairs"])
+                window_tokens += float(np.sum(host_batch["attention_mask"]))
+                if step % cfg.logging.logging_steps == 0 or step == self.total_steps:
+                    elapsed = max(time.perf_counter() - window_start, 1e-9)
+                    row = {k: float(v) for k, v in metrics.items()}
+                    row.update(
+                        pairs_per_second=window_pairs / elapsed,
+                        tokens_per_second=window_tokens / elapsed,
+                        padding_efficiency=self.train_loader.stats.padding_efficiency,
+                        skipped_steps=skipped,
+                        epoch=self.train_loader.epoch,
+                    )
+                    logger.log(step, row, prefix="train")
+                    final_metrics["train"] = row
+                    window_start, window_pairs, window_tokens = time.perf_counter(), 0.0, 0.0
+                self.state = self.state.replace_arrays(arrays)
+                self._skipped_steps = skipped
+                if cfg.eval.eval_steps and step % cfg.eval.eval_steps == 0 and self.eval_sets:
+                    final_metrics["eval"] = self._evaluate_and_log(logger, step)
+                if cfg.checkpoint.save_steps and step % cfg.checkpoint.save_steps == 0:
+                    self._save(ckpt, step)
+                    last_saved = step
+            self.state = self.state.replace_arrays(arrays)
+            if stopped_early:
+                if last_saved != step:
+                    self._save(ckpt, step)
+                return TrainResult(final_metrics, self.run_dir, None, stopped_early=True)
+            if last_saved != step and cfg.checkpoint.save_steps:
+                self._save(ckpt, step)
+            export_dir = self._finish(logger, final_metrics, step)
+            logger.summary(
+                {
+                    "step": step,
+                    "export_dir": str(export_dir),
+                    "data": final_metrics["data"],
+                    "train": final_metrics.get("train", {}),
+                }
+            )
+            return TrainResult(final_metrics, self.run_dir, export_dir)
+        finally:
+            self._restore_signal_handlers(previous_handlers)
+            logger.close()
+
+    _skipped_steps = 0
+
+    def _finish(self, logger: MetricsLogger, final_metrics: dict, step: int) -> Path:
+        """Final evaluation, reward statistics for normalisation, and the Hugging Face export."""
+        normalization = None
+        if self.eval_sets:
+            evaluation = self._evaluate_and_log(logger, step)
+            rewards = np.concatenate(
+                [np.concatenate([r["chosen"], r["rejected"]]) for r in self._last_rewards.values()]
+            )
+            normalization = reward_normalization(rewards)
+            final_metrics["eval"] = evaluation
+        final_metrics["data"] = self.train_loader.stats.as_dict()
+        final_metrics["step"] = step
+        export_dir = self.run_dir / EXPORT_DIRNAME
+        extra = {"rewardax": {"trained_steps": step}}
+        if normalization is not None:
+            extra["rewardax"]["reward_normalization"] = normalization
+        if self.process_index == 0:
+            self.state.model.save_pretrained(
+                export_dir, tokenizer=self.tokenizer, extra_config=extra, overwrite=True
+            )
+        return export_dir
+
+    # --------------------------------------------------------------------------- evaluation
+
+    def evaluate(self, eval_dataset: Any = None) -> dict[str, dict[str, Any]]:
+        """Evaluates every named eval set over all its pairs; returns metrics per set."""
+        sets = self._named_eval_sets(eval_dataset) if eval_dataset is not None else self.eval_sets
+        if not sets:
+            raise ConfigError("evaluate() needs an eval_dataset (here or in the constructor)")
+        fns = self.configure_functions()
+        arrays = self.state.arrays()
+        data = batch_sharding(self.mesh)
+        results, self._last_rewards = {}, {}
+        batch_size = self.config.train.per_device_eval_batch_size * self.data_parallel_size
+        for name, source in sets.items():
+            parts: dict[str, list[np.ndarray]] = {k: [] for k in _EVAL_FIELDS}
+            for host_batch in rdata.iterate_eval_batches(
+                source,
+                self.tokenizer,
+                self.config.data,
+                batch_size=batch_size,
+                process_index=self.process_index,
+                process_count=self.process_count,
+            ):
+                out = jax.device_get(
+                    fns.eval_step(arrays, jax.device_put(_model_inputs(host_batch), data))
+                )
+                real = np.asarray(host_batch["pair_mask"]) > 0
+                lengths = np.asarray(host_batch["attention_mask"]).sum(-1)[real]
+                parts["row_index"].append(np.asarray(host_batch["row_index"])[real])
+                parts["chosen"].append(np.asarray(out["chosen"])[real])
+                parts["rejected"].append(np.asarray(out["rejected"])[real])
+                parts["margin"].append(np.asarray(host_batch["margin"])[real])
+                parts["chosen_lengths"].append(lengths[:, 0])
+                parts["rejected_lengths"].append(lengths[:, 1])
+            # Batches are grouped by length; put the pairs back in the order of the source rows.
+            order = np.argsort(np.concatenate(parts["row_index"]), kind="stable")
+            rewards = {k: np.concatenate(v)[order] for k, v in parts.items()}
+            self._last_rewards[name] = rewards
+            results[name] = preference_metrics(
+                rewards["chosen"],
+                rewards["rejected"],
+                margin=rewards["margin"],
+                chosen_lengths=rewards["chosen_lengths"],
+                rejected_lengths=rewards["rejected_lengths"],
+            )
+        return results
+
+    def _evaluate_and_log(self, logger: MetricsLogger, step: int) -> dict:
+        results = self.evaluate()
+        for name, metrics in results.items():
+            scalars = {k: v for k, v in metrics.items() if isinstance(v, int | float)}
+            logger.log(step, scalars, prefix=f"eval/{name}")
+        return results
+
+    # -------------------------------------------------------------------------- checkpoints
+
+    def _save(self, ckpt: TrainCheckpointer, step: int) -> None:
+        extra = {
+            "data_state": self.train_loader.get_state(),
+            "config": self.config.to_dict(),
+            "skipped_steps": int(self._skipped_steps),
+        }
+        ckpt.save(step, self.state.arrays(), extra)
+
+    def _maybe_resume(self, ckpt: TrainCheckpointer) -> int:
+        abstract = jax.tree.map(
+            lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding),
+            self.state.arrays(),
+        )
+        restored = ckpt.resume(self.config.checkpoint.resume, abstract)
+        if restored is None:
+            return 0
+        step, arrays, extra = restored
+        self.state = self.state.replace_arrays(arrays)
+        self.train_loader.set_state(extra["data_state"])
+        self._skipped_steps = int(extra.get("skipped_steps", 0))
+        return int(step)
+
+    # ------------------------------------------------------------------------------ signals
+
+    def _install_signal_handlers(self):
+        def handler(signum, _frame):
+            # Finish the step in flight, then save and return: never interrupt a write.
+            self._stop_signal = signum
+
+        previous = {}
+        try:
+            for sig in (signal.SIGTERM, signal.SIGINT):
+                previous[sig] = signal.signal(sig, handler)
+        except ValueError:  # not the main thread: leave signals alone
+            warnings.warn(
+                "RewardTrainer.train() outside the main thread: SIGTERM not handled", stacklevel=2
+            )
+        return previous
+
+    @staticmethod
+    def _restore_signal_handlers(previous) -> None:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
+_EVAL_FIELDS = (
+    "row_index",
+    "chosen",
+    "rejected",
+    "margin",
+    "chosen_lengths",
+    "rejected_lengths",
+)
+_MODEL_KEYS = ("input_ids", "attention_mask", "reward_index", "margin", "pair_mask")
+
+
+def _model_inputs(batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """The arrays the jitted steps take (eval batches also carry bookkeeping such as row_index)."""
+    return {k: batch[k] for k in _MODEL_KEYS}
+
+
+def _looks_like_row(d: Mapping) -> bool:
+    return "chosen" in d or "chosen_input_ids" in d
+
+
+def _is_fresh(state: RewardState) -> bool:
+    return int(jax.device_get(state.step)) == 0
+
+
+def _last_saved_text(ckpt: TrainCheckpointer) -> str:
+    steps = ckpt.steps()
+    return f"step {steps[-1]} in {ckpt.directory}" if steps else "none written yet"

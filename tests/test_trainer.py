@@ -1,0 +1,206 @@
+"""RewardTrainer end to end on a tiny random model with SmolLM2's real tokenizer and VADER pairs."""
+
+from __future__ import annotations
+
+import json
+import signal
+from importlib import resources
+
+import jax
+import numpy as np
+import pytest
+from data_fixtures import smollm2_tokenizer
+from flax import nnx
+
+import rewardax as rx
+from rewardax.logging import read_metrics
+
+ASSETS = resources.files("rewardax") / "assets"
+TRAIN = str(ASSETS / "vader_movie_pairs.train.jsonl")
+HELDOUT = str(ASSETS / "vader_movie_pairs.heldout.jsonl")
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    return smollm2_tokenizer()
+
+
+def tiny_model(tokenizer, seed=0):
+    config = rx.ModelConfig(
+        architecture="llama",
+        vocab_size=len(tokenizer),
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        pad_token_id=tokenizer.pad_token_id,
+    )
+    return rx.RewardModel(config, rngs=nnx.Rngs(seed))
+
+
+def rows(path, n):
+    with open(path, encoding="utf-8") as f:
+        return [json.loads(line) for _, line in zip(range(n), f, strict=False)]
+
+
+def make_config(tmp_path, **overrides):
+    settings = dict(
+        per_device_train_batch_size=4,
+        per_device_eval_batch_size=8,
+        learning_rate=1e-3,
+        warmup_steps=2,
+        max_sequence_length=64,
+        max_training_steps=10,
+        save_directory=str(tmp_path),
+        logging_steps=1,
+        progress_bar=False,
+        seed=7,
+    )
+    settings.update(overrides)
+    return rx.RewardConfig(**settings)
+
+
+def params_of(trainer) -> list[np.ndarray]:
+    return [np.asarray(x) for x in jax.tree.leaves(trainer.state.params)]
+
+
+def test_ten_steps_equal_five_then_sigterm_then_resume_bitwise(tokenizer, tmp_path):
+    data = rows(TRAIN, 64)
+    straight = rx.RewardTrainer(
+        make_config(tmp_path, run_name="straight"),
+        tokenizer,
+        model=tiny_model(tokenizer),
+        train_dataset=data,
+    )
+    straight.train()
+
+    first = rx.RewardTrainer(
+        make_config(tmp_path, run_name="split", save_steps=100),
+        tokenizer,
+        model=tiny_model(tokenizer),
+        train_dataset=data,
+    )
+    fns = first.configure_functions()
+    calls = {"n": 0}
+
+    def step_then_sigterm_at_five(arrays, batch):
+        calls["n"] += 1
+        out = fns.train_step(arrays, batch)
+        if calls["n"] == 5:
+            signal.raise_signal(signal.SIGTERM)  # as a scheduler preempting the job would
+        return out
+
+    first._functions = fns._replace(train_step=step_then_sigterm_at_five)
+    interrupted = first.train()
+    assert interrupted.stopped_early and interrupted.export_dir is None
+    assert first.configure_functions().checkpoint_manager.steps() == [5]
+
+    second = rx.RewardTrainer(
+        make_config(tmp_path, run_name="split", save_steps=100),
+        tokenizer,
+        model=tiny_model(tokenizer, seed=123),  # overwritten by the checkpoint
+        train_dataset=data,
+    )
+    result = second.train()
+    assert not result.stopped_early
+    for a, b in zip(params_of(straight), params_of(second), strict=True):
+        np.testing.assert_array_equal(a, b)
+    steps = [r["step"] for r in read_metrics(result.run_dir) if r["split"] == "train"]
+    assert steps == list(range(1, 11))  # no duplicated or missing step across the resume
+
+
+def test_eval_counts_every_pair_once_and_export_matches(tokenizer, tmp_path):
+    heldout = rows(HELDOUT, 37)  # 37 = 4 batches of 8 + 5: the last batch is padded
+    trainer = rx.RewardTrainer(
+        make_config(tmp_path, max_training_steps=3, run_name="eval"),
+        tokenizer,
+        model=tiny_model(tokenizer),
+        train_dataset=rows(TRAIN, 32),
+        eval_dataset={"heldout": heldout, "again": heldout[:9]},
+    )
+    result = trainer.train()
+    metrics = result.metrics["eval"]
+    assert metrics["heldout"]["num_pairs"] == 37
+    assert metrics["again"]["num_pairs"] == 9
+    rewards = trainer._last_rewards["heldout"]
+    np.testing.assert_allclose(rewards["chosen"][:9], trainer._last_rewards["again"]["chosen"])
+
+    config = json.loads((result.export_dir / "config.json").read_text())
+    stats = config["rewardax"]["reward_normalization"]
+    every = np.concatenate(
+        [np.concatenate([r["chosen"], r["rejected"]]) for r in trainer._last_rewards.values()]
+    )
+    assert stats["mean"] == pytest.approx(float(every.mean()), rel=1e-6)
+    assert stats["std"] == pytest.approx(float(every.std()), rel=1e-6)
+
+    exported = rx.AutoRewardModel.from_pretrained(str(result.export_dir))
+    batch = next(
+        iter(
+            rx.RewardTrainer(
+                make_config(tmp_path, run_name="probe"),
+                tokenizer,
+                model=exported,
+                eval_dataset=heldout[:8],
+            ).evaluate()["eval"]["accuracy"]
+            for _ in [0]
+        )
+    )
+    assert batch == pytest.approx(
+        float(
+            np.mean(
+                (rewards["chosen"][:8] > rewards["rejected"][:8])
+                + 0.5 * (rewards["chosen"][:8] == rewards["rejected"][:8])
+            )
+        )
+    )
+
+
+def test_nan_policy_error_stops_and_keeps_the_clean_checkpoint(tokenizer, tmp_path):
+    trainer = rx.RewardTrainer(
+        make_config(
+            tmp_path,
+            run_name="nan",
+            name="sgd",
+            learning_rate=1e30,
+            max_grad_norm=None,
+            warmup_steps=0,
+            schedule="constant",
+            save_steps=1,
+        ),
+        tokenizer,
+        model=tiny_model(tokenizer),
+        train_dataset=rows(TRAIN, 32),
+    )
+    with pytest.raises(rx.NonFiniteError, match=r"step \d+"):
+        trainer.train()
+    ckpt = trainer.configure_functions().checkpoint_manager
+    assert ckpt.steps()  # earlier clean checkpoints are kept
+    abstract = jax.tree.map(
+        lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding),
+        trainer.state.arrays(),
+    )
+    _, state, _ = ckpt.restore(abstract)
+    assert all(np.isfinite(np.asarray(x)).all() for x in jax.tree.leaves(state["params"]))
+
+
+def test_nan_policy_skip_step_counts_and_finishes(tokenizer, tmp_path):
+    trainer = rx.RewardTrainer(
+        make_config(
+            tmp_path,
+            run_name="skip",
+            name="sgd",
+            learning_rate=1e30,
+            max_grad_norm=None,
+            warmup_steps=0,
+            schedule="constant",
+            nan_policy="skip_step",
+            max_training_steps=4,
+        ),
+        tokenizer,
+        model=tiny_model(tokenizer),
+        train_dataset=rows(TRAIN, 32),
+    )
+    result = trainer.train()
+    assert result.metrics["train"]["skipped_steps"] >= 1
+    assert all(np.isfinite(p).all() for p in params_of(trainer))
