@@ -9,10 +9,10 @@ from importlib import resources
 import jax
 import numpy as np
 import pytest
-from data_fixtures import smollm2_tokenizer
 from flax import nnx
 
 import rewardax as rx
+from data_fixtures import smollm2_tokenizer
 from rewardax.logging import read_metrics
 
 ASSETS = resources.files("rewardax") / "assets"
