@@ -121,3 +121,57 @@ def torch_rewards(model: Any, rows: list[list[int]]) -> np.ndarray:
             hidden = model.model(input_ids=ids).last_hidden_state
             out.append(model.score(hidden)[0, -1].numpy())
     return np.stack(out)
+
+
+def tiny_config(arch: str, **overrides: Any) -> Any:
+    """The rewardax ModelConfig equivalent of ``tiny_hf_config`` (no torch needed)."""
+    from rewardax.models import ModelConfig
+
+    kwargs: dict[str, Any] = {
+        "architecture": "llama" if arch == "llama3" else arch,
+        "vocab_size": VOCAB,
+        "hidden_size": 64,
+        "intermediate_size": 96,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "max_position_embeddings": 64,
+        "rms_norm_eps": 1e-5,
+        "bos_token_id": 1,
+        "eos_token_id": EOS,
+        "pad_token_id": EOS,
+    }
+    if arch == "llama3":
+        kwargs["rope_scaling"] = dict(LLAMA3_ROPE)
+    if arch == "mistral":
+        kwargs["sliding_window"] = 4
+    if arch == "qwen3":
+        kwargs["head_dim"] = 24
+    kwargs.update(overrides)
+    return ModelConfig(**kwargs)
+
+
+def scrambled_model(arch: str, seed: int = 0, **kwargs: Any) -> Any:
+    """A RewardModel whose parameters are O(0.1) noise (norm scales ~1), like ``randomize_``."""
+    import jax
+    import jax.numpy as jnp
+    from flax import nnx
+
+    from rewardax.models import RewardModel
+
+    config_overrides = kwargs.pop("config_overrides", {})
+    model = RewardModel(tiny_config(arch, **config_overrides), rngs=nnx.Rngs(seed), **kwargs)
+    state = nnx.state(model, nnx.Param)
+    leaves, treedef = jax.tree.flatten(state)
+    paths = [p for p, _ in jax.tree_util.tree_flatten_with_path(state)[0]]
+    keys = jax.random.split(jax.random.key(seed + 1), len(leaves))
+    new = []
+    for path, leaf, key in zip(paths, leaves, keys, strict=True):
+        noise = jax.random.normal(key, leaf.shape, jnp.float32)
+        is_norm = "weight" in jax.tree_util.keystr(path)  # RMSNorm scales are named "weight"
+        value = 1.0 + 0.2 * noise if is_norm else 0.15 * noise
+        if "score" in jax.tree_util.keystr(path):
+            value = noise
+        new.append(value.astype(leaf.dtype))
+    nnx.update(model, jax.tree.unflatten(treedef, new))
+    return model

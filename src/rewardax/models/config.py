@@ -93,6 +93,8 @@ class ModelConfig:
                 f"ModelConfig.hidden_size={self.hidden_size} is not divisible by "
                 f"num_attention_heads={self.num_attention_heads}; set head_dim explicitly."
             )
+        if self.head_dim is None:  # resolved once, so equal configs compare equal
+            object.__setattr__(self, "head_dim", self.hidden_size // self.num_attention_heads)
         if self.resolved_head_dim % 2 != 0:
             raise ConfigError(f"ModelConfig.head_dim={self.resolved_head_dim} must be even (RoPE).")
         if self.sliding_window is not None and self.sliding_window < 1:

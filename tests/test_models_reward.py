@@ -1,0 +1,174 @@
+"""RewardModel behaviour without torch: packing, shared-prompt branches, dtypes, remat, dropout."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+from model_fixtures import EOS, pad_rows, random_rows, scrambled_model, tiny_config
+from rewardax.errors import ConfigError
+from rewardax.models import ModelConfig, RewardModel, RewardOutput
+
+
+def _plain_rewards(model, rows):
+    ids, mask = pad_rows(rows, "right")
+    return np.asarray(model(jnp.asarray(ids), jnp.asarray(mask)).logits)
+
+
+@pytest.mark.parametrize("arch", ["llama", "mistral", "qwen3"])
+def test_packed_rows_equal_unpacked(arch):
+    model = scrambled_model(arch)
+    a, b = random_rows(3, [5, 7])
+    expected = _plain_rewards(model, [a, b])[:, 0]
+    pad = 2
+    ids = jnp.asarray([[*a, *b, *([EOS] * pad)]])
+    segments = jnp.asarray([[1] * len(a) + [2] * len(b) + [0] * pad])
+    positions = jnp.asarray([[*range(len(a)), *range(len(b)), *([0] * pad)]])
+    ends = jnp.asarray([[len(a) - 1, len(a) + len(b) - 1]])
+    out = model(
+        ids, segments != 0, positions=positions, segment_ids=segments, reward_positions=ends
+    )
+    assert out.logits.shape == (1, 2, 1)
+    np.testing.assert_allclose(np.asarray(out.logits[0, :, 0]), expected, atol=1e-5, rtol=0)
+    # Guard: without segment ids the second sequence sees the first and its reward changes.
+    leaky = model(ids, segments != 0, positions=positions, reward_positions=ends)
+    assert abs(float(leaky.logits[0, 1, 0]) - expected[1]) > 1e-3
+
+
+@pytest.mark.parametrize("arch", ["llama", "mistral", "qwen2"])
+def test_shared_prompt_branches_equal_two_sequences(arch):
+    model = scrambled_model(arch)
+    prompt, r1, r2 = random_rows(4, [4, 3, 5])
+    expected = _plain_rewards(model, [prompt + r1, prompt + r2])[:, 0]
+    p, n1, n2 = len(prompt), len(r1), len(r2)
+    ids = jnp.asarray([prompt + r1 + r2])
+    branches = jnp.asarray([[0] * p + [1] * n1 + [2] * n2])
+    # Branch 2's positions continue from the prompt's end, not from branch 1's.
+    positions = jnp.asarray([[*range(p + n1), *range(p, p + n2)]])
+    ends = jnp.asarray([[p + n1 - 1, p + n1 + n2 - 1]])
+    out = model(ids, positions=positions, branch_ids=branches, reward_positions=ends)
+    np.testing.assert_allclose(np.asarray(out.logits[0, :, 0]), expected, atol=1e-5, rtol=0)
+    leaky = model(ids, positions=positions, reward_positions=ends)  # branch 2 sees branch 1
+    assert abs(float(leaky.logits[0, 1, 0]) - expected[1]) > 1e-3
+
+
+def test_padding_rows_and_positions_defaults():
+    model = scrambled_model("llama")
+    rows = random_rows(5, [6, 2])
+    ids, mask = pad_rows(rows, "left")
+    mask[1] = 0  # an all-padding row must not produce NaN anywhere
+    out = model(jnp.asarray(ids), jnp.asarray(mask), output_hidden_states=True)
+    assert np.isfinite(np.asarray(out.logits)).all()
+    assert np.isfinite(np.asarray(out.hidden_states)).all()
+    assert isinstance(out, RewardOutput) and out.hidden_states.shape == (2, 6, 64)
+    # reward_positions [N] selects per row; the default is the last mask==1 index.
+    explicit = model(jnp.asarray(ids), jnp.asarray(mask), reward_positions=jnp.asarray([5, 5]))
+    np.testing.assert_array_equal(np.asarray(explicit.logits[0]), np.asarray(out.logits[0]))
+
+
+def test_jit_and_output_is_a_pytree():
+    model = scrambled_model("qwen2")
+    ids, mask = pad_rows(random_rows(6, [4, 6]), "right")
+
+    @nnx.jit
+    def run(m, ids, mask):
+        return m(ids, mask)
+
+    out = run(model, jnp.asarray(ids), jnp.asarray(mask))
+    np.testing.assert_allclose(
+        np.asarray(out.logits), _plain_rewards(model, random_rows(6, [4, 6])), atol=1e-4
+    )
+
+
+def test_bfloat16_compute_close_to_float32():
+    f32 = scrambled_model("llama")
+    bf16 = scrambled_model("llama", dtype="bfloat16")  # same f32 params, bf16 activations
+    ids, mask = pad_rows(random_rows(7, list(range(4, 20))), "left")
+    ref = np.asarray(f32(jnp.asarray(ids), jnp.asarray(mask)).logits)
+    out = bf16(jnp.asarray(ids), jnp.asarray(mask), output_hidden_states=True)
+    assert out.logits.dtype == jnp.float32 and out.hidden_states.dtype == jnp.bfloat16
+    got = np.asarray(out.logits)
+    # Tolerance: bf16 keeps 8 significant bits (unit roundoff 2^-8 ~ 0.4%). Activations are
+    # rounded at ~10 matmul inputs in these 2 layers; independent roundings add up like a random
+    # walk, sqrt(10) * 0.4% ~ 1.3% relative error in the final hidden states (measured: 1.5%;
+    # these deliberately large random weights amplify more than trained ones). A reward sums
+    # 64 such features with random signs, so its relative error is about the same (measured
+    # 2.1% RMS, 4.2% worst of 16 rows). We allow 5% RMS and 10% worst case of the rewards' RMS:
+    # ~2.5x the measurement, while a layout or dtype bug gives errors of order 100%.
+    rms = float(np.sqrt(np.mean(ref**2)))
+    err = np.abs(got - ref)
+    assert float(np.sqrt(np.mean(err**2))) < 0.05 * rms, (err, rms)
+    assert float(err.max()) < 0.10 * rms, (err, rms)
+    assert err.max() > 0  # it really computed in bf16
+
+
+def test_bfloat16_params():
+    model = scrambled_model("qwen3", dtype="bfloat16", param_dtype="bfloat16")
+    assert model.score.kernel[...].dtype == jnp.bfloat16
+    out = model(jnp.asarray(random_rows(8, [7])))
+    assert out.logits.dtype == jnp.float32 and np.isfinite(np.asarray(out.logits)).all()
+
+
+def test_remat_policies_give_the_same_gradients():
+    ids, mask = pad_rows(random_rows(9, [6, 4]), "right")
+    ids, mask = jnp.asarray(ids), jnp.asarray(mask)
+
+    def grads(policy):
+        model = scrambled_model("llama", remat_policy=policy)
+        g = nnx.grad(lambda m: m(ids, mask).logits.sum())(model)
+        return jax.tree.leaves(g)
+
+    ref = grads("none")
+    for policy in ("full", "save_dots"):
+        for a, b in zip(ref, grads(policy), strict=True):
+            np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=1e-5, rtol=1e-5)
+
+
+def test_dropout_only_when_asked():
+    ids = jnp.asarray(random_rows(10, [8]))
+    plain = scrambled_model("llama")
+    drop = scrambled_model("llama", dropout_rate=0.3)
+    same = np.asarray(drop(ids).logits)  # deterministic=True by default
+    np.testing.assert_allclose(same, np.asarray(plain(ids).logits), atol=1e-6)
+    a = np.asarray(drop(ids, deterministic=False).logits)
+    b = np.asarray(drop(ids, deterministic=False).logits)
+    assert np.abs(a - same).max() > 1e-4 and np.abs(a - b).max() > 1e-4
+    # dropout_rate=0 with deterministic=False is still the plain model.
+    np.testing.assert_allclose(np.asarray(plain(ids, deterministic=False).logits), same, atol=1e-6)
+
+
+def test_score_head_init_and_logical_axes():
+    config = tiny_config("llama", num_labels=8)
+    model = RewardModel(config, rngs=nnx.Rngs(0))
+    std = float(np.std(np.asarray(model.score.kernel[...])))
+    assert abs(std - 1 / np.sqrt(65)) < 0.15 / np.sqrt(65)
+    spec = nnx.get_partition_spec(nnx.state(model, nnx.Param))
+    layer = spec["model"]["layers"][0]
+    assert tuple(spec["model"]["embed_tokens"]["embedding"].get_value()) == ("vocab", "embed")
+    assert tuple(layer["self_attn"]["q_proj"]["kernel"].get_value()) == (
+        "embed",
+        "heads",
+        "head_dim",
+    )
+    assert tuple(layer["self_attn"]["k_proj"]["kernel"].get_value()) == (
+        "embed",
+        "kv_heads",
+        "head_dim",
+    )
+    assert tuple(layer["mlp"]["down_proj"]["kernel"].get_value()) == ("mlp", "embed")
+
+
+def test_bad_options_raise_rewardax_errors():
+    with pytest.raises(ConfigError, match="remat_policy"):
+        RewardModel(tiny_config("llama"), remat_policy="dots", rngs=nnx.Rngs(0))
+    with pytest.raises(ConfigError, match="dtype"):
+        RewardModel(tiny_config("llama"), dtype="int8", rngs=nnx.Rngs(0))
+    with pytest.raises(ConfigError, match="supported architectures: llama, mistral"):
+        ModelConfig(architecture="gpt2")
+    with pytest.raises(ConfigError, match="num_key_value_heads"):
+        tiny_config("llama", num_key_value_heads=3)
+    with pytest.raises(ConfigError, match="rope_scaling type 'yarn'"):
+        tiny_config("llama", rope_scaling={"rope_type": "yarn", "factor": 2.0})
