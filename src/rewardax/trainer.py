@@ -32,6 +32,7 @@ from rewardax.state import RewardState
 from rewardax.steps import make_eval_step, make_train_step
 
 EXPORT_DIRNAME = "export"
+TOKENIZER_DIRNAME = "tokenizer"
 
 
 class TrainerFunctions(NamedTuple):
@@ -121,6 +122,7 @@ class RewardTrainer:
         self.schedule = build_schedule(cfg.optim, max(self.total_steps, 1))
         self.optimizer = build_optimizer(cfg.optim, max(self.total_steps, 1))
         self.state = self._initial_state(model)
+        self.model_config = self.state.model.config
         self.run_dir = Path(cfg.checkpoint.save_directory) / self.run_name()
         self._functions: TrainerFunctions | None = None
         self._stop_signal: int | None = None
@@ -268,7 +270,10 @@ class RewardTrainer:
         start_step = self._maybe_resume(ckpt)
         self.run_dir.mkdir(parents=True, exist_ok=True)
         if self.process_index == 0:
-            (self.run_dir / "config.json").write_text(json.dumps(cfg.to_dict(), indent=2))
+            # YAML, so `rewardax train --config <run_dir>/config.yaml` reruns the same job.
+            (self.run_dir / "config.yaml").write_text(cfg.to_yaml())
+            if self.tokenizer is not None and hasattr(self.tokenizer, "save_pretrained"):
+                self.tokenizer.save_pretrained(str(self.run_dir / TOKENIZER_DIRNAME))
 
         logger = MetricsLogger(
             self.run_dir,
@@ -436,6 +441,8 @@ class RewardTrainer:
         extra = {
             "data_state": self.train_loader.get_state(),
             "config": self.config.to_dict(),
+            # The architecture, so `rewardax export` rebuilds the model from the checkpoint alone.
+            "model_config": self.model_config.to_hf_dict(),
             "skipped_steps": int(self._skipped_steps),
         }
         ckpt.save(step, self.state.arrays(), extra)
