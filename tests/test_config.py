@@ -20,7 +20,7 @@ from rewardax.config import (
 from rewardax.data.config import DataConfig
 from rewardax.errors import ConfigError
 
-CONFIGS = Path(__file__).resolve().parents[1] / "configs"
+CONFIGS = Path(__file__).resolve().parents[1] / "src" / "rewardax" / "configs"
 
 
 def test_reference_api_flat_keywords_are_routed_to_their_sections():
