@@ -160,7 +160,7 @@ class RewardTrainer:
                 "the training data has no known length (an IterableDataset?): set "
                 "train.max_training_steps"
             )
-        per_epoch = len(self.train_loader.local_rows) // self.train_loader.batch_size
+        per_epoch = self.train_loader.local_rows // self.train_loader.batch_size
         if per_epoch == 0:
             raise ConfigError(
                 f"the training data holds fewer pairs than one step needs ({self.step_batch_size} "
