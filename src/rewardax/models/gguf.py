@@ -8,6 +8,7 @@ rewardax) use. Qwen2/Qwen3 GGUFs are written without that permutation.
 from __future__ import annotations
 
 import importlib.util
+import math
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +21,7 @@ from rewardax.models.reward import RewardModel
 
 # llama.cpp permutes q/k rows only for these architectures (its LlamaModel converter).
 _PERMUTED_ARCHITECTURES = ("llama", "mistral")
+_ROWS_PER_CHUNK = 4096
 
 
 def smollm2_gguf_path() -> Path:
@@ -143,6 +145,10 @@ def load_gguf(
     except (ValueError, OSError, KeyError) as exc:
         raise ModelLoadError(f"{path}: cannot read GGUF file ({exc}).") from exc
     config = config_from_gguf(reader, path, num_labels)
+    # The tokenizer metadata (vocabulary, merges) is ~150 MB of small Python objects for a
+    # 49k vocabulary; free it before the weights arrive (load_tokenizer reads it separately).
+    for key in [k for k in reader.fields if k.startswith("tokenizer.")]:
+        del reader.fields[key]
     by_hf_name: dict[str, Any] = {}
     for tensor in reader.tensors:
         hf_name = gguf_to_hf_name(tensor.name)
@@ -153,14 +159,27 @@ def load_gguf(
 
     def read(name: str) -> np.ndarray:
         tensor = by_hf_name[name]
+        shape = tuple(reversed(tensor.shape.tolist()))  # ggml lists dims fastest-first
+        data = tensor.data
         try:
-            array = gguf.quants.dequantize(tensor.data, tensor.tensor_type)
+            if data.ndim == 2 and data.shape[0] > _ROWS_PER_CHUNK:
+                # Row chunks bound the dequantiser's temporaries (several times its output).
+                array = np.empty((data.shape[0], math.prod(shape) // data.shape[0]), np.float32)
+                for start in range(0, data.shape[0], _ROWS_PER_CHUNK):
+                    chunk = data[start : start + _ROWS_PER_CHUNK]
+                    array[start : start + len(chunk)] = gguf.quants.dequantize(
+                        chunk, tensor.tensor_type
+                    ).reshape(len(chunk), -1)
+            else:
+                array = np.asarray(
+                    gguf.quants.dequantize(data, tensor.tensor_type), dtype=np.float32
+                )
         except NotImplementedError as exc:
             raise ModelLoadError(
                 f"{path}: tensor {tensor.name} uses {tensor.tensor_type.name}, which the gguf "
                 f"package cannot dequantise ({exc})."
             ) from exc
-        array = np.asarray(array, dtype=np.float32).reshape(tuple(reversed(tensor.shape.tolist())))
+        array = array.reshape(shape)
         if permute and name.endswith(("self_attn.q_proj.weight", "self_attn.q_proj.bias")):
             array = unpermute_qk(array, config.num_attention_heads)
         elif permute and name.endswith(("self_attn.k_proj.weight", "self_attn.k_proj.bias")):

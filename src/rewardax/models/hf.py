@@ -105,7 +105,7 @@ def assemble_model(
                 f"{source}: tensor {spec.hf_name} has shape {tuple(array.shape)} but config.json "
                 f"implies {expected}."
             )
-        var.set_value(jnp.asarray(to_ours(spec, array, shape).astype(target)))
+        var.set_value(jnp.asarray(to_ours(spec, array, shape, target)))
         del array
     params = nnx.from_flat_state(variables)
     if jax.tree.leaves(rest):
@@ -162,18 +162,77 @@ def conversion_command(path: Path) -> str:
     )
 
 
-def _open_all(files: list[Path], stack: ExitStack) -> dict[str, tuple[Any, str]]:
-    """HF name -> (open safetensors handle, name inside the file); a bare ``*Model`` checkpoint
-    (no ``model.`` prefix) is mapped onto the ``model.`` names."""
-    from safetensors import SafetensorError, safe_open
+_ST_DTYPES = {
+    "F64": np.dtype(np.float64),
+    "F32": np.dtype(np.float32),
+    "F16": np.dtype(np.float16),
+    "BF16": np.dtype(ml_dtypes.bfloat16),
+}
 
-    handles: dict[str, tuple[Any, str]] = {}
-    for f in files:
+
+class SafetensorsFile:
+    """Minimal safetensors reader that reads each tensor with plain file I/O.
+
+    The ``safetensors`` package memory-maps the file; every page it touches then counts in the
+    process's resident memory until the file is closed, which would add a second model copy to
+    the loading peak. Reading into a fresh array keeps only the tensor being converted.
+    Format: 8-byte little-endian header length, JSON header {name: {dtype, shape,
+    data_offsets}}, then the data.
+    """
+
+    def __init__(self, path: Path):
+        self.path = path
         try:
-            handle = stack.enter_context(safe_open(str(f), framework="numpy"))
-        except (SafetensorError, OSError) as exc:
-            raise ModelLoadError(f"{f}: cannot read safetensors file ({exc}).") from exc
-        for name in handle.keys():  # noqa: SIM118 - safe_open is not a dict
+            self._file = open(path, "rb")  # noqa: SIM115 - closed by close()
+            size = path.stat().st_size
+            (n,) = np.frombuffer(self._file.read(8), dtype="<u8")
+            if n > size - 8:
+                raise ValueError(f"header length {n} exceeds the file size {size}")
+            header = json.loads(self._file.read(int(n)))
+        except (OSError, ValueError, UnicodeDecodeError) as exc:
+            raise ModelLoadError(f"{path}: cannot read safetensors file ({exc}).") from exc
+        if not isinstance(header, dict):
+            raise ModelLoadError(f"{path}: cannot read safetensors file (header is not a map).")
+        header.pop("__metadata__", None)
+        for name, info in header.items():
+            if not (isinstance(info, dict) and {"dtype", "shape", "data_offsets"} <= set(info)):
+                raise ModelLoadError(f"{path}: corrupt safetensors header entry for {name}.")
+        self._start = 8 + int(n)
+        self._size = size
+        self.header: dict[str, dict[str, Any]] = header
+
+    def shape(self, name: str) -> tuple[int, ...]:
+        return tuple(self.header[name]["shape"])
+
+    def read(self, name: str) -> np.ndarray:
+        info = self.header[name]
+        dtype = _ST_DTYPES.get(info["dtype"])
+        if dtype is None:
+            raise ModelLoadError(
+                f"{self.path}: tensor {name} has dtype {info['dtype']}; expected a float type."
+            )
+        begin, end = info["data_offsets"]
+        shape = tuple(info["shape"])
+        if end - begin != dtype.itemsize * math.prod(shape) or self._start + end > self._size:
+            raise ModelLoadError(f"{self.path}: tensor {name} is truncated or corrupt.")
+        out = np.empty(shape, dtype)
+        self._file.seek(self._start + begin)
+        if self._file.readinto(memoryview(out.reshape(-1).view(np.uint8))) != end - begin:
+            raise ModelLoadError(f"{self.path}: tensor {name} is truncated.")
+        return out
+
+    def close(self) -> None:
+        self._file.close()
+
+
+def _open_all(files: list[Path], stack: ExitStack) -> dict[str, tuple[SafetensorsFile, str]]:
+    """HF name -> (open file, name inside the file); a bare ``*Model`` checkpoint (no
+    ``model.`` prefix) is mapped onto the ``model.`` names."""
+    handles: dict[str, tuple[SafetensorsFile, str]] = {}
+    for f in files:
+        handle = SafetensorsFile(f)
+        stack.callback(handle.close)
+        for name in handle.header:
             handles[name] = (handle, name)
     if "model.embed_tokens.weight" not in handles and "embed_tokens.weight" in handles:
         handles = {f"model.{k}": v for k, v in handles.items()}
@@ -203,7 +262,7 @@ def load_hf_directory(
         handles = _open_all(files, stack)
         if "score.weight" in handles:
             handle, raw = handles["score.weight"]
-            rows = handle.get_slice(raw).get_shape()[0]
+            rows = handle.shape(raw)[0]
             if rows != num_labels:
                 raise ModelLoadError(
                     f"{directory}: the checkpoint's score head has {rows} label(s) but "
@@ -214,10 +273,7 @@ def load_hf_directory(
 
         def read(name: str) -> np.ndarray:
             handle, raw = handles[name]
-            try:
-                return handle.get_tensor(raw)
-            except Exception as exc:  # safetensors raises bare errors on corrupt data
-                raise ModelLoadError(f"{directory}: cannot read tensor {name} ({exc}).") from exc
+            return handle.read(raw)
 
         return assemble_model(
             config,

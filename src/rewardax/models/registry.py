@@ -90,11 +90,15 @@ def hf_shape(spec: TensorSpec, our_shape: tuple[int, ...]) -> tuple[int, ...]:
     return tuple(our_shape)
 
 
-def to_ours(spec: TensorSpec, array: np.ndarray, our_shape: tuple[int, ...]) -> np.ndarray:
-    """HF layout -> rewardax layout (a contiguous copy for kernels)."""
+def to_ours(
+    spec: TensorSpec, array: np.ndarray, our_shape: tuple[int, ...], dtype: np.dtype
+) -> np.ndarray:
+    """HF layout -> rewardax layout in ``dtype``, with a single copy (transpose and cast fused)."""
     if spec.kind == "linear":
-        return np.ascontiguousarray(array.T).reshape(our_shape)
-    return array.reshape(our_shape)
+        out = np.empty((array.shape[1], array.shape[0]), dtype)
+        out[...] = array.T
+        return out.reshape(our_shape)
+    return array.reshape(our_shape).astype(dtype, copy=False)
 
 
 def to_hf(spec: TensorSpec, array: np.ndarray) -> np.ndarray:
