@@ -17,7 +17,7 @@ from model_fixtures import (
     torch_rewards,
 )
 from rewardax.errors import ModelLoadError, RewardaxError
-from rewardax.models import AutoRewardModel
+from rewardax.models import AutoRewardModel, load_tokenizer
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
@@ -72,6 +72,7 @@ def test_sharded_bf16_export_with_tokenizer(tmp_path):
     shards = sorted({*index["weight_map"].values()})
     assert len(shards) > 1 and all((out / s).is_file() for s in shards)
     assert (out / "tokenizer.json").is_file()
+    assert load_tokenizer(out).pad_token == "</s>"
     assert json.loads((out / "config.json").read_text())["dtype"] == "bfloat16"
 
     rows = random_rows(12, [6, 9])
@@ -162,3 +163,13 @@ def test_bad_inputs_give_clear_errors(seq_cls_dir, tmp_path):
     del tensors["model.layers.1.mlp.up_proj.weight"]
     save_file(tensors, str(partial / "model.safetensors"))
     fails(partial, "missing tensors: model.layers.1.mlp.up_proj.weight")
+
+
+def test_load_tokenizer_sets_missing_pad_to_eos(tmp_path):
+    tok = transformers.PreTrainedTokenizerFast(tokenizer_object=_tiny_tokenizer(), eos_token="</s>")
+    assert tok.pad_token is None
+    tok.save_pretrained(str(tmp_path / "tok"))
+    loaded = load_tokenizer(tmp_path / "tok")
+    assert loaded.is_fast and loaded.pad_token == "</s>" and loaded.pad_token_id == EOS
+    with pytest.raises(ModelLoadError, match="does not exist"):
+        load_tokenizer(tmp_path / "missing")
