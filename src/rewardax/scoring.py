@@ -1,0 +1,411 @@
+"""Score single responses with a trained reward model: batched, streaming, in bounded memory.
+
+A row to score is one of (checked in this order; other columns are carried through untouched):
+  - `messages`: a chat, a list of `{"role", "content"}` messages; the chat template renders it and the
+    reward is read at the last token (the end of the last message). Optional `tools` and
+    `chat_template_kwargs` columns go to the template, as in training.
+  - `input_ids`: a list of token ids, scored as is (nothing appended, as pre-tokenized training rows).
+  - `response`, with an optional `prompt`: a string prompt is prepended to the response (unless the
+    response already starts with it); a list-of-messages prompt makes it a chat whose last message is
+    `{"role": "assistant", "content": response}`.
+  - `text`: one string, scored as is.
+Tokenization follows the training rules of `rewardax.data.tokenize.PairEncoder` (the same object
+does the work): plain text gets the tokenizer's special tokens and an EOS unless it ends with one
+(`data.append_eos`), chat renders get no second BOS, and sequences longer than
+`data.max_sequence_length` are cut by `data.truncation_mode` exactly as a training response is. So
+the reward of a response here equals its reward as the `chosen` side of a training pair.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import tempfile
+from collections.abc import Callable, Iterable, Iterator
+from pathlib import Path
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from rewardax.data.collate import default_bucket_lengths
+from rewardax.data.config import DataConfig
+from rewardax.data.formats import InvalidRow, NormalizedPair, _chat_extras, _messages
+from rewardax.data.tokenize import PairEncoder, _Filtered, pad_token_id
+from rewardax.errors import ConfigError, DataError, ModelLoadError
+
+SCORE_SUFFIXES = (".jsonl", ".ndjson", ".parquet")
+ROW_KINDS = ("messages", "input_ids", "response", "text")
+
+
+class ResponseEncoder:
+    """One response row -> token ids, with the training tokenization rules (module docstring).
+
+    Args:
+      tokenizer: the model's tokenizer (`rewardax.load_tokenizer`).
+      data_config: the `data` settings the model was trained with (max_sequence_length,
+        truncation_mode, append_eos).
+    """
+
+    def __init__(self, tokenizer: Any, data_config: DataConfig):
+        self.config = data_config
+        self.encoder = PairEncoder(
+            tokenizer,
+            data_config.max_sequence_length,
+            data_config.truncation_mode,
+            append_eos=data_config.append_eos,
+        )
+
+    def _text_ids(self, text: str, prompt_chars: int) -> tuple[list[int], int]:
+        enc = self.encoder
+        ids, n_prompt = enc._encode(text, prompt_chars, add_special_tokens=True)
+        if enc.append_eos and enc.eos_id is not None and (not ids or ids[-1] != enc.eos_id):
+            ids.append(int(enc.eos_id))
+        return ids, n_prompt
+
+    def _chat_ids(self, messages: list[dict], row: dict) -> tuple[list[int], int]:
+        enc = self.encoder
+        tools, kwargs = _chat_extras(row)
+        full = enc._render(
+            messages, NormalizedPair("chat", messages, messages, 0, 0, tools, kwargs), "messages"
+        )
+        # Training puts the prompt/response boundary at the end of the text two responses share: the
+        # rendered prompt plus the assistant header. The generation-prompt render is that text.
+        head = ""
+        if len(messages) > 1:
+            try:
+                head = enc.tokenizer.apply_chat_template(
+                    messages[:-1],
+                    tools=tools,
+                    tokenize=False,
+                    add_generation_prompt=True,
+                    **kwargs,
+                )
+            except Exception:  # jinja errors of many types: fall back to no prompt boundary
+                head = ""
+        common = 0
+        while common < min(len(head), len(full)) and head[common] == full[common]:
+            common += 1
+        ids, n_prompt = enc._encode(full, min(common, len(full) - 1), add_special_tokens=False)
+        if enc.adds_bos and (not ids or ids[0] != enc.bos_id):
+            ids, n_prompt = [int(enc.bos_id), *ids], n_prompt + 1
+        return ids, n_prompt
+
+    def encode(self, row: Any, where: str) -> np.ndarray:
+        """Token ids int32 [L] of one row (L <= max_sequence_length); DataError naming `where`."""
+        try:
+            ids, n_prompt = self._row_ids(row)
+            try:
+                ids, _ = self.encoder._fit(ids, n_prompt, "response")
+            except _Filtered:
+                raise InvalidRow(
+                    "too_long",
+                    "response",
+                    f"longer than max_sequence_length={self.config.max_sequence_length} and "
+                    "truncation_mode is filter, but scoring keeps every row; use --truncation "
+                    "keep_end or keep_start, or raise --max-length",
+                ) from None
+        except InvalidRow as bad:
+            raise DataError(f"{where}, field '{bad.field_name}': {bad.expected}") from None
+        return np.asarray(ids, dtype=np.int32)
+
+    def _row_ids(self, row: Any) -> tuple[list[int], int]:
+        if not isinstance(row, dict):
+            raise InvalidRow("wrong_type", "<row>", f"expected an object, got {type(row).__name__}")
+        if row.get("messages") is not None:
+            messages = _messages(row["messages"], "messages", response=True)
+            return self._chat_ids(messages, row)
+        if row.get("input_ids") is not None:
+            ids = row["input_ids"]
+            try:
+                ids = [int(t) for t in ids]
+            except (TypeError, ValueError):
+                raise InvalidRow(
+                    "wrong_type", "input_ids", "expected a list of integer token ids"
+                ) from None
+            bad = [t for t in ids if not 0 <= t < self.encoder.vocab_size]
+            if not ids or bad:
+                raise InvalidRow(
+                    "bad_token_id",
+                    "input_ids",
+                    f"expected a non-empty list of ids in [0, {self.encoder.vocab_size})",
+                )
+            return ids, 0
+        if row.get("response") is not None:
+            response = _string(row, "response")
+            prompt = row.get("prompt")
+            if isinstance(prompt, list):
+                messages = _messages(prompt, "prompt", response=False)
+                return self._chat_ids([*messages, {"role": "assistant", "content": response}], row)
+            if prompt is None or prompt == "":
+                return self._text_ids(response, 0)
+            if not isinstance(prompt, str):
+                raise InvalidRow(
+                    "wrong_type", "prompt", "expected a string or a list of chat messages"
+                )
+            text = response if response.startswith(prompt) else prompt + response
+            return self._text_ids(text, len(prompt))
+        if row.get("text") is not None:
+            return self._text_ids(_string(row, "text"), 0)
+        raise InvalidRow(
+            "missing_field",
+            "messages",
+            "a row to score needs `messages` (chat), `input_ids`, `response` (with an optional "
+            f"`prompt`) or `text`; it has {sorted(row)[:8]}",
+        )
+
+
+def _string(row: dict, name: str) -> str:
+    value = row[name]
+    if not isinstance(value, str):
+        raise InvalidRow("wrong_type", name, f"expected a string, got {type(value).__name__}")
+    if not value.strip():
+        raise InvalidRow("empty_field", name, "expected a non-empty string")
+    return value
+
+
+class RewardScorer:
+    """Rewards of token sequences, batched, with a fixed set of padded shapes (few compilations).
+
+    Args:
+      model: a `RewardModel`.
+      pad_id: the id written in padding (never read: the reward is at the last mask-1 position).
+      max_sequence_length: the longest sequence; shapes are the data module's bucket lengths.
+      batch_size: sequences per forward pass; a short last batch is padded to this size.
+
+    Example:
+      scorer = RewardScorer(model, pad_id=2, max_sequence_length=64, batch_size=16)
+      scorer([np.array([1, 5, 9, 2]), np.array([1, 7, 2])])  # -> float64 [2]
+    """
+
+    def __init__(self, model: Any, *, pad_id: int, max_sequence_length: int, batch_size: int):
+        if batch_size < 1:
+            raise ConfigError(f"batch size must be at least 1, got {batch_size}")
+        self.pad_id = int(pad_id)
+        self.batch_size = int(batch_size)
+        self.buckets = default_bucket_lengths(max_sequence_length)
+        graphdef, state = nnx.split(model)
+
+        @jax.jit
+        def forward(state, input_ids, attention_mask):
+            # Column 0 of the head is the reward (num_labels > 1 heads carry extra outputs).
+            return nnx.merge(graphdef, state)(input_ids, attention_mask).logits[:, 0]
+
+        self._state, self._forward = state, forward
+
+    def __call__(self, sequences: list[np.ndarray]) -> np.ndarray:
+        """Rewards float64 [N] of N int32 sequences (any N; batched internally)."""
+        out = np.empty(len(sequences), dtype=np.float64)
+        for start in range(0, len(sequences), self.batch_size):
+            chunk = sequences[start : start + self.batch_size]
+            longest = max(len(s) for s in chunk)
+            length = next((b for b in self.buckets if b >= longest), longest)
+            ids = np.full((self.batch_size, length), self.pad_id, dtype=np.int32)
+            mask = np.zeros((self.batch_size, length), dtype=np.int32)
+            for i, seq in enumerate(chunk):
+                ids[i, : len(seq)] = seq
+                mask[i, : len(seq)] = 1
+            rewards = self._forward(self._state, jnp.asarray(ids), jnp.asarray(mask))
+            out[start : start + len(chunk)] = np.asarray(rewards)[: len(chunk)]
+        return out
+
+
+def normalization_of(model_dir: str | os.PathLike) -> dict[str, float]:
+    """The `{"mean", "std"}` stored under config.json's `rewardax.reward_normalization`."""
+    path = Path(model_dir) / "config.json"
+    try:
+        config = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, json.JSONDecodeError) as error:
+        raise ModelLoadError(f"cannot read {path} for the reward normalisation: {error}") from None
+    stats = (config.get("rewardax") or {}).get("reward_normalization")
+    if not isinstance(stats, dict) or not {"mean", "std"} <= set(stats):
+        raise ModelLoadError(
+            f"{path} has no rewardax.reward_normalization (mean/std); only models exported by "
+            "`rewardax train` with an eval set carry it. Score without --normalize."
+        )
+    mean, std = float(stats["mean"]), float(stats["std"])
+    if not (math.isfinite(mean) and math.isfinite(std) and std > 0):
+        raise ModelLoadError(
+            f"{path}: reward_normalization has mean={mean}, std={std}; a std of 0 (constant "
+            "rewards) cannot normalise. Score without --normalize."
+        )
+    return {"mean": mean, "std": std}
+
+
+def iter_rows(path: str | os.PathLike, read_batch: int = 1024) -> Iterator[tuple[dict, str]]:
+    """(row, where) of a .jsonl/.ndjson or .parquet file, streamed (never the whole file in memory)."""
+    path = Path(path)
+    if path.suffix == ".parquet":
+        import pyarrow.parquet as pq
+
+        index = 0
+        for batch in pq.ParquetFile(path).iter_batches(batch_size=read_batch):
+            for row in batch.to_pylist():
+                yield row, f"{path} (row {index})"
+                index += 1
+        return
+    with open(path, encoding="utf-8") as fh:
+        index = 0
+        for number, line in enumerate(fh, start=1):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError as error:
+                raise DataError(
+                    f"{path}:{number} (row {index}): not valid JSON ({error})"
+                ) from None
+            yield row, f"{path}:{number} (row {index})"
+            index += 1
+
+
+def count_rows(path: str | os.PathLike) -> int | None:
+    """Row count when it is cheap to know (parquet metadata), else None."""
+    if Path(path).suffix == ".parquet":
+        import pyarrow.parquet as pq
+
+        return pq.ParquetFile(path).metadata.num_rows
+    return None
+
+
+class _Writer:
+    """Writes rows to a temporary file next to `output`; `commit()` renames it into place."""
+
+    def __init__(self, output: Path):
+        self.output = output
+        fd, name = tempfile.mkstemp(prefix=f".{output.name}.tmp-", dir=output.parent)
+        os.close(fd)
+        self.tmp = Path(name)
+        self.parquet = output.suffix == ".parquet"
+        self._pq_writer = None
+        self._fh = None if self.parquet else open(self.tmp, "w", encoding="utf-8")  # noqa: SIM115
+
+    def write(self, rows: list[dict]) -> None:
+        if not self.parquet:
+            for row in rows:
+                self._fh.write(json.dumps(row, ensure_ascii=False) + "\n")
+            return
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        if self._pq_writer is None:
+            table = pa.Table.from_pylist(rows)
+            self._pq_writer = pq.ParquetWriter(self.tmp, table.schema)
+        else:
+            try:
+                table = pa.Table.from_pylist(rows, schema=self._pq_writer.schema)
+            except (pa.ArrowInvalid, pa.ArrowTypeError, KeyError) as error:
+                raise DataError(
+                    f"rows for {self.output} change their column types ({error}); parquet needs one "
+                    "schema: write .jsonl instead"
+                ) from None
+        self._pq_writer.write_table(table)
+
+    def commit(self) -> None:
+        self.close()
+        os.replace(self.tmp, self.output)
+
+    def close(self) -> None:
+        if self._fh is not None:
+            self._fh.close()
+            self._fh = None
+        if self._pq_writer is not None:
+            self._pq_writer.close()
+            self._pq_writer = None
+
+    def discard(self) -> None:
+        self.close()
+        self.tmp.unlink(missing_ok=True)
+
+
+def score_rows(
+    rows: Iterable[tuple[dict, str]],
+    encoder: ResponseEncoder,
+    scorer: RewardScorer,
+    *,
+    normalization: dict[str, float] | None = None,
+    window: int | None = None,
+) -> Iterator[list[dict]]:
+    """Yields the rows, in input order, each with a float `reward`, a window at a time.
+
+    A window (default 8 batches) is tokenized, sorted by length so each batch pads little, scored,
+    and handed back in the input order; memory holds one window, whatever the file size.
+    With `normalization`, reward = (r - mean) / std.
+    """
+    window = window or 8 * scorer.batch_size
+    buffer: list[tuple[dict, np.ndarray]] = []
+
+    def flush() -> list[dict]:
+        order = sorted(range(len(buffer)), key=lambda i: len(buffer[i][1]))
+        rewards = np.empty(len(buffer))
+        rewards[order] = scorer([buffer[i][1] for i in order])
+        if normalization is not None:
+            rewards = (rewards - normalization["mean"]) / normalization["std"]
+        out = []
+        for (row, _), reward in zip(buffer, rewards, strict=True):
+            if "reward" in row:
+                raise DataError(
+                    "the input already has a `reward` column; rename it so it is not overwritten"
+                )
+            out.append({**row, "reward": float(reward)})
+        buffer.clear()
+        return out
+
+    for row, where in rows:
+        buffer.append((row, encoder.encode(row, where)))
+        if len(buffer) >= window:
+            yield flush()
+    if buffer:
+        yield flush()
+
+
+def score_file(
+    input_path: str | os.PathLike,
+    output_path: str | os.PathLike,
+    encoder: ResponseEncoder,
+    scorer: RewardScorer,
+    *,
+    normalization: dict[str, float] | None = None,
+    overwrite: bool = False,
+    progress: Callable[[int], None] | None = None,
+) -> int:
+    """Scores every row of `input_path` into `output_path` (jsonl or parquet, by suffix).
+
+    The output is written to a temporary file and renamed at the end, so it is complete or absent;
+    an existing output is replaced only with `overwrite`. Returns the number of rows written.
+    `progress(n)` is called with the rows done after each window.
+    """
+    source, target = Path(input_path), Path(output_path)
+    for path, what in ((source, "input"), (target, "output")):
+        if path.suffix not in SCORE_SUFFIXES:
+            raise DataError(f"{what} file {path}: use one of {', '.join(SCORE_SUFFIXES)}")
+    if not source.is_file():
+        raise DataError(f"input file {source} does not exist")
+    if target.exists() and not overwrite:
+        raise DataError(f"output file {target} exists; pass --overwrite to replace it")
+    if target.resolve() == source.resolve():
+        raise DataError(f"output {target} is the input file; write to another path")
+    target.parent.mkdir(parents=True, exist_ok=True)
+    writer = _Writer(target)
+    count = 0
+    try:
+        for rows in score_rows(iter_rows(source), encoder, scorer, normalization=normalization):
+            writer.write(rows)
+            count += len(rows)
+            if progress is not None:
+                progress(len(rows))
+        if count == 0:
+            raise DataError(f"input file {source} holds no rows")
+        writer.commit()
+    except BaseException:
+        writer.discard()
+        raise
+    return count
+
+
+def pad_id_of(tokenizer: Any) -> int:
+    """The pad id rewardax pads with (see `rewardax.data.pad_token_id`)."""
+    return pad_token_id(tokenizer)

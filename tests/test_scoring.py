@@ -1,0 +1,145 @@
+"""Scoring single responses: same tokens as training, batching invariance, streaming files."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+from flax import nnx
+
+import rewardax as rx
+from data_fixtures import smollm2_tokenizer
+from rewardax.data import DataConfig, PairEncoder, normalize_row
+from rewardax.errors import DataError, ModelLoadError
+from rewardax.scoring import (
+    ResponseEncoder,
+    RewardScorer,
+    normalization_of,
+    score_file,
+)
+
+PROMPT = "Write one sentence about a film you saw.\n"
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    return smollm2_tokenizer()
+
+
+@pytest.fixture(scope="module")
+def model(tokenizer):
+    config = rx.ModelConfig(
+        architecture="llama",
+        vocab_size=len(tokenizer),
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        pad_token_id=tokenizer.pad_token_id,
+    )
+    return rx.RewardModel(config, rngs=nnx.Rngs(3))
+
+
+def training_ids(tokenizer, row, config):
+    """The chosen sequence a training pair gets (PairEncoder, the training path)."""
+    fmt = "conversational" if isinstance(row["chosen"], list) else "standard"
+    encoder = PairEncoder(tokenizer, config.max_sequence_length, config.truncation_mode)
+    return encoder.encode(normalize_row(row, fmt))["chosen_input_ids"].tolist()
+
+
+@pytest.mark.parametrize("max_len", [512, 18])
+def test_text_rows_tokenize_as_the_chosen_side_of_a_training_pair(tokenizer, max_len):
+    config = DataConfig(max_sequence_length=max_len)
+    encoder = ResponseEncoder(tokenizer, config)
+    response = "A quiet, moving film about a family and its long summer."
+    pair = {"prompt": PROMPT, "chosen": response, "rejected": "Dull and far too long."}
+    expected = training_ids(tokenizer, pair, config)
+    got = encoder.encode({"prompt": PROMPT, "response": response}, "row 0").tolist()
+    assert got == expected
+    assert got[-1] == tokenizer.eos_token_id  # EOS appended, as in training
+    assert len(got) <= max_len
+
+
+def test_chat_rows_tokenize_as_the_chosen_side_of_a_training_pair(tokenizer):
+    config = DataConfig(max_sequence_length=512)
+    encoder = ResponseEncoder(tokenizer, config)
+    prompt = [{"role": "user", "content": "Describe the film in one line."}]
+    chosen = [{"role": "assistant", "content": "Warm and funny."}]
+    pair = {
+        "prompt": prompt,
+        "chosen": chosen,
+        "rejected": [{"role": "assistant", "content": "Bad."}],
+    }
+    expected = training_ids(tokenizer, pair, config)
+    as_messages = encoder.encode({"messages": prompt + chosen}, "row 0").tolist()
+    as_prompt_response = encoder.encode(
+        {"prompt": prompt, "response": "Warm and funny."}, "row 1"
+    ).tolist()
+    assert as_messages == expected
+    assert as_prompt_response == expected
+    bos = tokenizer.bos_token_id
+    assert expected[:2] != [bos, bos]  # the template's own BOS, no second one
+
+
+def test_text_and_input_ids_rows(tokenizer):
+    encoder = ResponseEncoder(tokenizer, DataConfig(max_sequence_length=64))
+    text_ids = encoder.encode({"text": "Just fine."}, "row 0").tolist()
+    assert text_ids == [*tokenizer("Just fine.").input_ids, tokenizer.eos_token_id]
+    assert encoder.encode({"input_ids": [5, 6, 7]}, "row 1").tolist() == [5, 6, 7]
+
+
+def test_bad_rows_name_the_row(tokenizer):
+    encoder = ResponseEncoder(tokenizer, DataConfig(max_sequence_length=64))
+    with pytest.raises(DataError, match=r"f\.jsonl:3 .*needs `messages`"):
+        encoder.encode({"other": 1}, "f.jsonl:3 (row 2)")
+    with pytest.raises(DataError, match="field 'response'"):
+        encoder.encode({"response": 5}, "row 0")
+    with pytest.raises(DataError, match="ids in"):
+        encoder.encode({"input_ids": [10**9]}, "row 0")
+
+
+def test_scorer_is_batch_size_and_padding_invariant(tokenizer, model):
+    encoder = ResponseEncoder(tokenizer, DataConfig(max_sequence_length=64))
+    seqs = [
+        encoder.encode({"text": t}, f"row {i}") for i, t in enumerate(["a b c", "x", "long " * 20])
+    ]
+    pad = tokenizer.pad_token_id
+    one = RewardScorer(model, pad_id=pad, max_sequence_length=64, batch_size=1)(seqs)
+    four = RewardScorer(model, pad_id=pad, max_sequence_length=64, batch_size=4)(seqs)
+    np.testing.assert_allclose(one, four, atol=1e-5)
+    # Against the model called directly on one unpadded row.
+    direct = np.asarray(model(seqs[1][None, :]).logits[:, 0])
+    np.testing.assert_allclose(one[1], direct[0], atol=1e-5)
+
+
+def test_score_file_streams_in_order_and_refuses_overwrite(tokenizer, model, tmp_path):
+    rows = [{"id": i, "text": "word " * (1 + (i * 7) % 13)} for i in range(37)]
+    src = tmp_path / "in.jsonl"
+    src.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    encoder = ResponseEncoder(tokenizer, DataConfig(max_sequence_length=64))
+    scorer = RewardScorer(
+        model, pad_id=tokenizer.pad_token_id, max_sequence_length=64, batch_size=4
+    )
+    out = tmp_path / "out.parquet"
+    assert score_file(src, out, encoder, scorer) == 37
+    import pyarrow.parquet as pq
+
+    table = pq.read_table(out).to_pylist()
+    assert [r["id"] for r in table] == list(range(37))
+    expected = scorer([encoder.encode(r, "") for r in rows])
+    np.testing.assert_allclose([r["reward"] for r in table], expected, atol=1e-6)
+    with pytest.raises(DataError, match="exists; pass --overwrite"):
+        score_file(src, out, encoder, scorer)
+    assert not list(tmp_path.glob(".out.parquet.tmp-*"))
+
+
+def test_normalization_needs_stats_and_a_positive_std(tmp_path):
+    (tmp_path / "config.json").write_text(json.dumps({"rewardax": {"trained_steps": 3}}))
+    with pytest.raises(ModelLoadError, match="no rewardax.reward_normalization"):
+        normalization_of(tmp_path)
+    stats = {"rewardax": {"reward_normalization": {"mean": 1.0, "std": 0.0}}}
+    (tmp_path / "config.json").write_text(json.dumps(stats))
+    with pytest.raises(ModelLoadError, match="std of 0"):
+        normalization_of(tmp_path)
