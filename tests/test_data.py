@@ -203,18 +203,46 @@ def test_both_collate_functions_give_identical_batches(tok):
     for key, value in via_grain.items():
         np.testing.assert_array_equal(value, via_tfds[key])
     # The batch itself: shapes, dtypes, masks, reward index at the last real token, padding pair.
-    assert via_tfds["input_ids"].shape == (4, 2, 64) and via_tfds["input_ids"].dtype == np.int32
+    # The longest sequence (the ShareGPT chat, 34 tokens) rounds up to the 40 rung of the ladder.
+    assert via_tfds["input_ids"].shape == (4, 2, 40) and via_tfds["input_ids"].dtype == np.int32
     assert via_tfds["pair_mask"].tolist() == [1, 1, 1, 0]
     lengths = via_tfds["attention_mask"].sum(-1)
     np.testing.assert_array_equal(via_tfds["reward_index"][:3], lengths[:3] - 1)
     assert via_tfds["reward_index"][3].tolist() == [0, 0] and lengths[3].tolist() == [0, 0]
-    assert via_tfds["input_ids"][0, 0, 6:].tolist() == [2] * 58  # right-padded with the pad id
+    assert via_tfds["input_ids"][0, 0, 6:].tolist() == [2] * 34  # right-padded with the pad id
 
 
 def test_buckets():
-    assert default_bucket_lengths(512) == (64, 128, 256, 512)
-    assert default_bucket_lengths(300) == (64, 128, 256, 300)
+    # The ladder: multiples of 8 up to 64, then 4 equal steps per doubling; the max always ends it.
+    assert default_bucket_lengths(512) == (
+        (8, 16, 24, 32, 40, 48, 56, 64, 80, 96, 112, 128, 160, 192, 224, 256, 320, 384, 448, 512)
+    )
+    assert default_bucket_lengths(300)[-3:] == (224, 256, 300)
+    assert default_bucket_lengths(512, buckets_per_octave=1) == (8, 16, 32, 64, 128, 256, 512)
+    assert default_bucket_lengths(256, buckets_per_octave=8)[8:] == (
+        72,
+        80,
+        88,
+        96,
+        104,
+        112,
+        120,
+        128,
+        144,
+        160,
+        176,
+        192,
+        208,
+        224,
+        240,
+        256,
+    )
     assert default_bucket_lengths(512, (100, 900)) == (100, 512)
+    # Any rung wastes at most 1/(1 + buckets_per_octave) of a batch padded up to it.
+    for per_octave in (1, 2, 4, 8):
+        ladder = default_bucket_lengths(4096, buckets_per_octave=per_octave)
+        gaps = [(b - a) / b for a, b in zip(ladder[7:], ladder[8:])]
+        assert max(gaps) <= 1 / (1 + per_octave) + 1e-9
 
 
 BAD = [

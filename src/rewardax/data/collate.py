@@ -27,16 +27,25 @@ BATCH_KEYS = ("input_ids", "attention_mask", "reward_index", "margin", "pair_mas
 
 
 def default_bucket_lengths(
-    max_sequence_length: int, bucket_lengths: Sequence[int] = ()
+    max_sequence_length: int, bucket_lengths: Sequence[int] = (), buckets_per_octave: int = 4
 ) -> tuple[int, ...]:
-    """Sorted bucket lengths: the given ones (capped) or powers of two from 64; always ends at the max."""
+    """Sorted bucket lengths (the padded T a batch may have); always ends at max_sequence_length.
+
+    Given `bucket_lengths` are used (capped at the max). Otherwise a ladder: multiples of 8 up to 64,
+    then `buckets_per_octave` equal steps per doubling, e.g. with 4: 8, 16, ..., 64, 80, 96, 112,
+    128, 160, 192, 224, 256, 320, ... A batch padded to the next rung wastes at most 1/(1 +
+    buckets_per_octave) of it (20% with 4, 11% with 8), about half that on average; each rung a run
+    meets is one XLA compilation.
+    """
     if bucket_lengths:
         buckets = {int(b) for b in bucket_lengths if 0 < int(b) <= max_sequence_length}
     else:
-        buckets, b = set(), 64
+        per_octave = max(int(buckets_per_octave), 1)
+        buckets, b = set(), 8
         while b < max_sequence_length:
             buckets.add(b)
-            b *= 2
+            octave = 1 << (b.bit_length() - 1)  # the power of two at or below b
+            b += max(8, octave // per_octave)
     buckets.add(int(max_sequence_length))
     return tuple(sorted(buckets))
 
@@ -59,30 +68,60 @@ class RowProcessor:
         )
 
     def process(self, row: Any, index: int, where: str) -> dict:
-        fmt = self.fmt or detect_format(row) or "standard"
-        try:
-            pair = normalize_row(
-                row,
-                fmt,
-                margin_from_scores=self.config.margin_from_scores,
-                margin_scale=self.config.margin_scale,
-            )
-            record = self.encoder.encode(pair)
-        except InvalidRow as bad:
-            message = (
-                f"{where}, field '{bad.field_name}': {bad.expected}. Fix the row, or set data.on_invalid=skip "
-                "to drop such rows (they are counted by reason)."
-            )
-            return {"dropped": bad.reason, "message": message, "index": index, "fatal": True}
-        except _Filtered as dropped:
-            return {
-                "dropped": dropped.reason,
-                "message": f"{where}: {dropped.reason}",
-                "index": index,
-                "fatal": False,
-            }
-        record["index"] = index
-        return record
+        """One row -> its record (see `process_many`)."""
+        return self.process_many([row], [index], lambda _: where)[0]
+
+    def process_many(
+        self, rows: Sequence[Any], indices: Sequence[int], where: Callable[[int], str]
+    ) -> list[dict]:
+        """Rows -> records, tokenized together (one tokenizer call per chunk, not per row).
+
+        Args:
+          rows: raw rows; indices: their source row numbers; where: source row number -> how an
+            error message names it (called only for bad rows).
+        Returns:
+          one dict per row: a record with its `index`, or `{"dropped": reason, "message": text,
+          "index": i, "fatal": bool}`.
+        """
+        out: list[dict | None] = [None] * len(rows)
+        pairs, slots = [], []
+        for k, (row, index) in enumerate(zip(rows, indices, strict=True)):
+            fmt = self.fmt or detect_format(row) or "standard"
+            try:
+                pairs.append(
+                    normalize_row(
+                        row,
+                        fmt,
+                        margin_from_scores=self.config.margin_from_scores,
+                        margin_scale=self.config.margin_scale,
+                    )
+                )
+                slots.append(k)
+            except InvalidRow as bad:
+                out[k] = self._invalid(bad, index, where)
+        for k, result in zip(slots, self.encoder.encode_many(pairs), strict=True):
+            index = indices[k]
+            if isinstance(result, InvalidRow):
+                out[k] = self._invalid(result, index, where)
+            elif isinstance(result, _Filtered):
+                out[k] = {
+                    "dropped": result.reason,
+                    "message": f"{where(index)}: {result.reason}",
+                    "index": index,
+                    "fatal": False,
+                }
+            else:
+                result["index"] = index
+                out[k] = result
+        return out  # type: ignore[return-value]
+
+    @staticmethod
+    def _invalid(bad: InvalidRow, index: int, where: Callable[[int], str]) -> dict:
+        message = (
+            f"{where(index)}, field '{bad.field_name}': {bad.expected}. Fix the row, or set "
+            "data.on_invalid=skip to drop such rows (they are counted by reason)."
+        )
+        return {"dropped": bad.reason, "message": message, "index": index, "fatal": True}
 
 
 def raise_or_none(record: dict, on_invalid: str) -> dict | None:
@@ -195,17 +234,16 @@ def create_tfds_collect_function(
     """
     config = _config(max_sequence_length, truncation_mode, data_config)
     processor = RowProcessor(tokenizer, config, dataset_format)
-    buckets = default_bucket_lengths(config.max_sequence_length, config.bucket_lengths)
+    buckets = default_bucket_lengths(
+        config.max_sequence_length, config.bucket_lengths, config.buckets_per_octave
+    )
     pad = pad_token_id(tokenizer)
 
     def collect(rows: Sequence[dict]) -> dict[str, np.ndarray]:
-        records = []
-        for i, row in enumerate(rows):
-            record = raise_or_none(
-                processor.process(row, i, f"row {i} of the batch"), config.on_invalid
-            )
-            if record is not None:
-                records.append(record)
+        processed = processor.process_many(
+            rows, range(len(rows)), lambda i: f"row {i} of the batch"
+        )
+        records = [r for p in processed if (r := raise_or_none(p, config.on_invalid)) is not None]
         return collate_records(records, pad, buckets, batch_size or len(rows))
 
     return collect

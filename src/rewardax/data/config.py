@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
+from rewardax.errors import ConfigError
+
 TruncationMode = Literal["keep_end", "keep_start", "filter"]
 OnInvalid = Literal["error", "skip"]
 
@@ -27,9 +29,13 @@ class DataConfig:
       num_workers: Grain worker processes that tokenize rows (0 tokenizes in the main process).
       shuffle: shuffle the training rows each epoch (seeded by RewardConfig.seed).
       length_group_window: rows drawn together and sorted by length before being cut into batches,
-        so batches hold pairs of similar length (1 turns length grouping off).
-      bucket_lengths: the padded lengths a batch may have; empty means powers of two from 64 up to
-        max_sequence_length (which is always included).
+        so batches hold pairs of similar length (1 turns length grouping off). Larger windows pad
+        less; a resumed run re-reads at most one window.
+      bucket_lengths: the padded lengths a batch may have; empty means the default ladder (see
+        buckets_per_octave). max_sequence_length is always included.
+      buckets_per_octave: the default ladder: multiples of 8 up to 64, then this many equal steps
+        per doubling (4: 64, 80, 96, 112, 128, 160, ...). Each distinct length is one XLA
+        compilation: more buckets pad less but compile more programs.
       prefetch: batches prepared ahead of the training step.
     """
 
@@ -41,6 +47,15 @@ class DataConfig:
     margin_scale: float = 1.0
     num_workers: int = 0
     shuffle: bool = True
-    length_group_window: int = 64
+    length_group_window: int = 1024
     bucket_lengths: tuple[int, ...] = ()
+    buckets_per_octave: int = 4
     prefetch: int = 2
+
+    def validate(self) -> None:
+        """Checks the generic config validation does not know (called by RewardConfig.validate)."""
+        if not 1 <= self.buckets_per_octave <= 64:
+            raise ConfigError(
+                f"data.buckets_per_octave={self.buckets_per_octave} must be in 1..64 "
+                "(4 is a good default; 1 gives powers of two)"
+            )

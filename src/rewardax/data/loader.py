@@ -1,8 +1,9 @@
 """The training iterator (`PreferenceLoader`) and the eval iterator (`iterate_eval_batches`).
 
-Rows are read, normalised and tokenized lazily as the iterator advances: a Grain pipeline
-(`MapDataset.range(position, end).map(read + tokenize)`, prefetched in `num_workers` processes)
-yields records; the main process groups them by length in windows and collates batches.
+Rows are read, normalised and tokenized lazily as the iterator advances: a Grain pipeline over
+chunks of rows (`MapDataset.range(chunks).map(read + tokenize a chunk)`, prefetched in `num_workers`
+processes, or one thread) yields packed records; the main process groups them by length in windows
+and collates batches.
 
 The resume state is ours, not Grain's: the flat row position where the current window started, how
 many of its batches were already handed out, and the statistics. A restored loader rebuilds the
@@ -34,6 +35,8 @@ from rewardax.data.tokenize import pad_token_id
 from rewardax.errors import CheckpointError, ConfigError, DataError
 
 _STATE_VERSION = 1
+# Rows per Grain element: one tokenizer call and one inter-process message per chunk.
+_CHUNK_ROWS = 128
 
 
 @dataclass
@@ -65,39 +68,123 @@ class LoaderStats:
         }
 
 
-class _ReadRow:
-    """Flat position k -> record of row (epoch k // n, slot k % n); runs in Grain workers."""
+class _ReadChunk:
+    """Chunk c -> the packed records of flat positions [start + c*rows, ...); runs in Grain workers.
+
+    Flat position k is row slot k % n of epoch k // n (n = this process's rows per epoch). A chunk
+    of rows is one Grain element: the tokenizer gets one call per chunk, and a worker sends back a
+    few numpy arrays per chunk instead of a dict per row.
+    """
 
     def __init__(
-        self, source: Any, processor: RowProcessor, seed: int, shuffle: bool, pi: int, pc: int
+        self,
+        source: Any,
+        processor: RowProcessor,
+        seed: int,
+        shuffle: bool,
+        pi: int,
+        pc: int,
+        start: int,
+        end: int,
+        rows: int,
     ):
         self.source, self.processor = source, processor
         self.seed, self.shuffle, self.pi, self.pc = seed, shuffle, pi, pc
+        self.start, self.end, self.rows = start, end, rows
         self.local = process_rows(len(source), pi, pc)
         self._epoch, self._order = -1, None
 
-    def __call__(self, k: int) -> dict:
-        epoch, slot = divmod(int(k), self.local)
+    def _index(self, k: int) -> tuple[int, int]:
+        epoch, slot = divmod(k, self.local)
         if epoch != self._epoch:
-            self._epoch, self._order = (
-                epoch,
-                epoch_order(len(self.source), self.seed, epoch, self.shuffle),
-            )
-        index = int(self._order[self.pi + slot * self.pc])
-        where = self.source.where(index)
-        try:
-            row = self.source[index]
-        except InvalidRow as bad:
-            record = {
-                "dropped": bad.reason,
-                "fatal": True,
-                "index": index,
-                "message": f"{where}: {bad.expected}. Fix the line, or set data.on_invalid=skip.",
-            }
+            self._epoch = epoch
+            self._order = epoch_order(len(self.source), self.seed, epoch, self.shuffle)
+        return epoch, int(self._order[self.pi + slot * self.pc])
+
+    def __call__(self, c: int) -> dict:
+        first = self.start + int(c) * self.rows
+        last = min(first + self.rows, self.end)
+        epochs, indices, rows, slots = [], [], [], []
+        records: list[dict | None] = [None] * (last - first)
+        for j, k in enumerate(range(first, last)):
+            epoch, index = self._index(k)
+            epochs.append(epoch)
+            indices.append(index)
+            try:
+                rows.append(self.source[index])
+                slots.append(j)
+            except InvalidRow as bad:
+                records[j] = {
+                    "dropped": bad.reason,
+                    "fatal": True,
+                    "index": index,
+                    "message": f"{self.source.where(index)}: {bad.expected}. Fix the line, or set "
+                    "data.on_invalid=skip.",
+                }
+        processed = self.processor.process_many(
+            rows, [indices[j] for j in slots], self.source.where
+        )
+        for j, record in zip(slots, processed, strict=True):
+            records[j] = record
+        return _pack(first, epochs, records)
+
+
+def _pack(first: int, epochs: list[int], records: list[dict | None]) -> dict:
+    """Records of a chunk as a few arrays (cheap to send between processes).
+
+    Returns: first (flat position of row 0), epoch int64 [n], index int64 [n], lengths int32 [n, 2]
+    (chosen, rejected; 0 for dropped rows), ids int32 [sum of lengths] (chosen then rejected, row
+    after row), margin float32 [n], truncated bool [n], drops {row: (reason, fatal, message)}.
+    """
+    n = len(records)
+    lengths = np.zeros((n, 2), dtype=np.int32)
+    margin = np.zeros((n,), dtype=np.float32)
+    truncated = np.zeros((n,), dtype=bool)
+    index = np.zeros((n,), dtype=np.int64)
+    pieces, drops = [], {}
+    for j, r in enumerate(records):
+        index[j] = r["index"]
+        if "dropped" in r:
+            drops[j] = (r["dropped"], bool(r["fatal"]), r["message"])
+            continue
+        c, rj = r["chosen_input_ids"], r["rejected_input_ids"]
+        lengths[j] = (len(c), len(rj))
+        margin[j], truncated[j] = r["margin"], r["truncated"]
+        pieces += (c, rj)
+    return {
+        "first": first,
+        "epoch": np.asarray(epochs, dtype=np.int64),
+        "index": index,
+        "lengths": lengths,
+        "ids": np.concatenate(pieces) if pieces else np.zeros((0,), np.int32),
+        "margin": margin,
+        "truncated": truncated,
+        "drops": drops,
+    }
+
+
+def _unpack(chunk: dict) -> Iterator[tuple[int, int, dict]]:
+    """(flat position of the row, epoch, record) for each row of a packed chunk, in order."""
+    ids, lengths, drops = chunk["ids"], chunk["lengths"], chunk["drops"]
+    ends = np.cumsum(lengths.reshape(-1)).tolist()
+    margin, truncated = chunk["margin"].tolist(), chunk["truncated"].tolist()
+    index, epochs = chunk["index"].tolist(), chunk["epoch"].tolist()
+    start = 0
+    for j in range(len(index)):
+        if j in drops:
+            reason, fatal, message = drops[j]
+            record = {"dropped": reason, "fatal": fatal, "message": message, "index": index[j]}
         else:
-            record = self.processor.process(row, index, where)
-        record["epoch"] = epoch
-        return record
+            mid, end = ends[2 * j], ends[2 * j + 1]
+            record = {
+                "chosen_input_ids": ids[start:mid],
+                "rejected_input_ids": ids[mid:end],
+                "margin": margin[j],
+                "truncated": truncated[j],
+                "index": index[j],
+            }
+            start = end
+        yield chunk["first"] + j, epochs[j], record
 
 
 class PreferenceLoader:
@@ -152,7 +239,9 @@ class PreferenceLoader:
         self.shuffle = data_config.shuffle and not eval_mode
         self.pad_id = pad_token_id(tokenizer)
         self.buckets = default_bucket_lengths(
-            data_config.max_sequence_length, data_config.bucket_lengths
+            data_config.max_sequence_length,
+            data_config.bucket_lengths,
+            data_config.buckets_per_octave,
         )
         self.window = window_rows(self.batch_size, data_config.length_group_window)
         self.streaming = isinstance(self.source, StreamSource)
@@ -249,18 +338,24 @@ class PreferenceLoader:
         end = (1 << 50) if self.num_epochs is None else self.num_epochs * self.local_rows
         if start >= end or self.local_rows == 0:
             return
-        task = _ReadRow(
+        rows = _CHUNK_ROWS
+        task = _ReadChunk(
             self.source,
             self.processor,
             self.seed,
             self.shuffle,
             self.process_index,
             self.process_count,
+            start,
+            end,
+            rows,
         )
-        dataset = grain.MapDataset.range(start, end).map(task)
+        dataset = grain.MapDataset.range(-(-(end - start) // rows)).map(task)
         workers = self.config.num_workers
+        # In process, one Grain thread tokenizes the next chunks while this thread batches (the
+        # tokenizer releases the GIL); a few chunks ahead are enough.
         iterable = dataset.to_iter_dataset(
-            grain.ReadOptions(num_threads=0 if workers else 1, prefetch_buffer_size=256)
+            grain.ReadOptions(num_threads=0 if workers else 1, prefetch_buffer_size=2)
         )
         if workers > 0:
             from absl import flags
@@ -269,43 +364,61 @@ class PreferenceLoader:
             if not flags.FLAGS.is_parsed():
                 flags.FLAGS.mark_as_parsed()
             iterable = iterable.mp_prefetch(
-                grain.MultiprocessingOptions(num_workers=workers, per_worker_buffer_size=64)
+                grain.MultiprocessingOptions(num_workers=workers, per_worker_buffer_size=2)
             )
         iterator = iter(iterable)
         try:
-            for position, record in enumerate(iterator, start=start + 1):
-                record["position"] = position
-                record["epoch_end"] = position % self.local_rows == 0
-                yield record
+            for chunk in iterator:
+                for k, epoch, record in _unpack(chunk):
+                    record["epoch"] = epoch
+                    record["position"] = k + 1
+                    record["epoch_end"] = (k + 1) % self.local_rows == 0
+                    yield record
         finally:
             if hasattr(iterator, "close"):
                 iterator.close()
 
     def _stream_records(self, start: int) -> Iterator[dict]:
-        # Streams: position counts rows of this process over all epochs; epochs end when the stream does.
+        # Streams: position counts rows of this process over all epochs; epochs end when the stream
+        # does. Rows are tokenized in chunks, like the random-access path.
         position, epoch = 0, 0
         while self.num_epochs is None or epoch < self.num_epochs:
             produced = False
+            pending: list[tuple[int, Any, int]] = []  # (row number, row, position)
             last = None
             for k, row in enumerate(self.source.rows(epoch, self.seed, self.shuffle)):
                 if k % self.process_count != self.process_index:
                     continue
-                if last is not None:
-                    yield last
                 position += 1
                 produced = True
                 if position <= start:
-                    last = None
                     continue
-                record = self.processor.process(row, k, self.source.where(k))
-                record.update(epoch=epoch, position=position, epoch_end=False)
-                last = record
+                pending.append((k, row, position))
+                if len(pending) == _CHUNK_ROWS:
+                    if last is not None:
+                        yield last
+                    *done, last = self._process_stream(pending, epoch)
+                    yield from done
+                    pending = []
+            if pending:
+                if last is not None:
+                    yield last
+                *done, last = self._process_stream(pending, epoch)
+                yield from done
             if last is not None:
                 last["epoch_end"] = True
                 yield last
             if not produced:
                 return
             epoch += 1
+
+    def _process_stream(self, pending: list[tuple[int, Any, int]], epoch: int) -> list[dict]:
+        records = self.processor.process_many(
+            [row for _, row, _ in pending], [k for k, _, _ in pending], self.source.where
+        )
+        for record, (_, _, position) in zip(records, pending, strict=True):
+            record.update(epoch=epoch, position=position, epoch_end=False)
+        return records
 
     def _batches(self) -> Iterator[tuple[dict, dict]]:
         """(batch, state after it) pairs from the current state on."""

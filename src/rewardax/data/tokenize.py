@@ -6,6 +6,7 @@ The reward token of each response is its last kept token; it is decided here, on
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -104,60 +105,106 @@ class PairEncoder:
         # Whitespace after the end-of-turn token carries nothing: the reward reads the end-of-turn token.
         return text.rstrip()
 
-    def _sequences(self, pair: NormalizedPair) -> list[tuple[list[int], int]]:
-        if pair.kind == "ids":
-            for name, ids in (
-                ("chosen_input_ids", pair.chosen),
-                ("rejected_input_ids", pair.rejected),
-            ):
-                bad = [t for t in ids if not 0 <= t < self.vocab_size]
-                if bad:
-                    raise InvalidRow(
-                        "bad_token_id",
-                        name,
-                        f"token ids must lie in [0, {self.vocab_size}), got {bad[0]}",
-                    )
-            return [
-                (list(pair.chosen), pair.prompt_tokens),
-                (list(pair.rejected), pair.prompt_tokens),
-            ]
-        if pair.kind == "text":
-            out = []
-            for text in (pair.chosen, pair.rejected):
-                ids, n_prompt = self._encode(text, pair.prompt_chars, add_special_tokens=True)
-                if (
-                    self.append_eos
-                    and self.eos_id is not None
-                    and (not ids or ids[-1] != self.eos_id)
-                ):
-                    ids.append(int(self.eos_id))
-                out.append((ids, n_prompt))
-            return out
-        chosen = self._render(pair.chosen, pair, "chosen")
-        rejected = self._render(pair.rejected, pair, "rejected")
-        n = min(len(chosen), len(rejected))
-        common = 0
-        while common < n and chosen[common] == rejected[common]:
-            common += 1
-        out = []
-        for text in (chosen, rejected):
-            # The template writes its own special tokens: encoding it with add_special_tokens would
-            # give a second BOS. Add one only when the tokenizer wants it and the template left it out.
-            ids, n_prompt = self._encode(text, min(common, len(text) - 1), add_special_tokens=False)
-            if self.adds_bos and (not ids or ids[0] != self.bos_id):
-                ids, n_prompt = [int(self.bos_id), *ids], n_prompt + 1
-            out.append((ids, n_prompt))
+    def _batch_ids(self, texts: list[str], add_special_tokens: bool) -> list[list[int]]:
+        """Token ids of many texts in one tokenizer call (the fast tokenizer's batch path).
+
+        One call per chunk instead of one per text: the per-call overhead of `tokenizer(...)`
+        (BatchEncoding, settings) is paid once. Offsets are not asked for: the prompt boundary is
+        only needed for the few sequences that keep_end truncates (`_prompt_tokens`).
+        """
+        if not texts:
+            return []
+        enc = self.tokenizer(
+            texts,
+            add_special_tokens=add_special_tokens,
+            return_attention_mask=False,
+            return_token_type_ids=False,
+        )
+        return [list(ids) for ids in enc["input_ids"]]
+
+    def _prompt_tokens(self, seq: _Sequence) -> int:
+        """How many leading tokens of `seq` are prompt (computed only when truncation needs it)."""
+        if seq.prompt_tokens is None:
+            _, n_prompt = self._encode(seq.text, seq.prompt_chars, seq.add_special_tokens)
+            seq.prompt_tokens = n_prompt + (1 if seq.bos_added else 0)
+        return seq.prompt_tokens
+
+    def _sequences_many(self, pairs: Sequence[NormalizedPair]) -> list[Any]:
+        """Per pair: [chosen _Sequence, rejected _Sequence], or the InvalidRow it raised."""
+        out: list[Any] = [None] * len(pairs)
+        # (pair slot, texts) of each tokenizer call kind: plain text adds special tokens, a chat
+        # render does not (the template writes its own).
+        plain: list[tuple[int, str, str, int]] = []
+        chat: list[tuple[int, str, str, int]] = []
+        for i, pair in enumerate(pairs):
+            try:
+                if pair.kind == "ids":
+                    out[i] = self._id_sequences(pair)
+                elif pair.kind == "text":
+                    plain.append((i, pair.chosen, pair.rejected, pair.prompt_chars))
+                else:
+                    chosen = self._render(pair.chosen, pair, "chosen")
+                    rejected = self._render(pair.rejected, pair, "rejected")
+                    n = min(len(chosen), len(rejected))
+                    common = 0
+                    while common < n and chosen[common] == rejected[common]:
+                        common += 1
+                    chat.append((i, chosen, rejected, common))
+            except InvalidRow as bad:
+                out[i] = bad
+        for jobs, special in ((plain, True), (chat, False)):
+            texts = [t for _, c, r, _ in jobs for t in (c, r)]
+            ids = self._batch_ids(texts, add_special_tokens=special)
+            for k, (i, chosen, rejected, mark) in enumerate(jobs):
+                seqs = []
+                for text, seq_ids in ((chosen, ids[2 * k]), (rejected, ids[2 * k + 1])):
+                    if special:
+                        seq = _Sequence(seq_ids, text, mark, True)
+                        if (
+                            self.append_eos
+                            and self.eos_id is not None
+                            and (not seq_ids or seq_ids[-1] != self.eos_id)
+                        ):
+                            seq_ids.append(int(self.eos_id))
+                    else:
+                        seq = _Sequence(seq_ids, text, min(mark, len(text) - 1), False)
+                        # The template writes its own special tokens: encoding it with
+                        # add_special_tokens would give a second BOS. Add one only when the
+                        # tokenizer wants it and the template left it out.
+                        if self.adds_bos and (not seq_ids or seq_ids[0] != self.bos_id):
+                            seq.ids = [int(self.bos_id), *seq_ids]
+                            seq.bos_added = True
+                    seqs.append(seq)
+                out[i] = seqs
         return out
 
+    def _id_sequences(self, pair: NormalizedPair) -> list[_Sequence]:
+        for name, ids in (
+            ("chosen_input_ids", pair.chosen),
+            ("rejected_input_ids", pair.rejected),
+        ):
+            bad = [t for t in ids if not 0 <= t < self.vocab_size]
+            if bad:
+                raise InvalidRow(
+                    "bad_token_id",
+                    name,
+                    f"token ids must lie in [0, {self.vocab_size}), got {bad[0]}",
+                )
+        return [
+            _Sequence(list(pair.chosen), None, 0, False, prompt_tokens=pair.prompt_tokens),
+            _Sequence(list(pair.rejected), None, 0, False, prompt_tokens=pair.prompt_tokens),
+        ]
+
     # -- length policy ---------------------------------------------------------------------------
-    def _fit(self, ids: list[int], n_prompt: int, name: str) -> tuple[list[int], bool]:
-        limit = self.max_sequence_length
+    def _fit(self, seq: _Sequence, name: str) -> tuple[list[int], bool]:
+        ids, limit = seq.ids, self.max_sequence_length
         if len(ids) <= limit:
             return ids, False
         if self.truncation_mode == "filter":
             raise _Filtered()
         if self.truncation_mode == "keep_start":
             return ids[:limit], True
+        n_prompt = self._prompt_tokens(seq)
         keep_bos = 1 if (n_prompt > 0 and self.bos_id is not None and ids[0] == self.bos_id) else 0
         response = ids[n_prompt:]
         budget = limit - keep_bos - len(response)
@@ -177,17 +224,63 @@ class PairEncoder:
           {"chosen_input_ids": int32 [Lc], "rejected_input_ids": int32 [Lr], "margin": float,
            "truncated": bool}; the last id of each is its reward token.
         """
-        (c_ids, c_prompt), (r_ids, r_prompt) = self._sequences(pair)
-        c_ids, c_cut = self._fit(c_ids, c_prompt, "chosen")
-        r_ids, r_cut = self._fit(r_ids, r_prompt, "rejected")
-        if c_ids == r_ids:
-            raise _Filtered("identical_after_truncation")
-        return {
-            "chosen_input_ids": np.asarray(c_ids, dtype=np.int32),
-            "rejected_input_ids": np.asarray(r_ids, dtype=np.int32),
-            "margin": float(pair.margin),
-            "truncated": bool(c_cut or r_cut),
-        }
+        result = self.encode_many([pair])[0]
+        if isinstance(result, Exception):
+            raise result
+        return result
+
+    def encode_many(self, pairs: Sequence[NormalizedPair]) -> list[dict | InvalidRow | _Filtered]:
+        """Records of many pairs (as `encode`), tokenized with one tokenizer call per kind.
+
+        A pair that `encode` would reject yields its InvalidRow / _Filtered in its slot instead.
+        """
+        out: list[dict | InvalidRow | _Filtered] = []
+        for pair, seqs in zip(pairs, self._sequences_many(pairs), strict=True):
+            if isinstance(seqs, InvalidRow):
+                out.append(seqs)
+                continue
+            try:
+                c_ids, c_cut = self._fit(seqs[0], "chosen")
+                r_ids, r_cut = self._fit(seqs[1], "rejected")
+                if c_ids == r_ids:
+                    raise _Filtered("identical_after_truncation")
+            except (InvalidRow, _Filtered) as err:
+                out.append(err)
+                continue
+            out.append(
+                {
+                    "chosen_input_ids": np.asarray(c_ids, dtype=np.int32),
+                    "rejected_input_ids": np.asarray(r_ids, dtype=np.int32),
+                    "margin": float(pair.margin),
+                    "truncated": bool(c_cut or r_cut),
+                }
+            )
+        return out
+
+
+class _Sequence:
+    """One tokenized response and what is needed to find its prompt boundary later.
+
+    `prompt_tokens` is known for pre-tokenized rows; for text it is computed from `text` and
+    `prompt_chars` only when keep_end must cut the prompt (offsets cost time and are rarely used).
+    """
+
+    __slots__ = ("add_special_tokens", "bos_added", "ids", "prompt_chars", "prompt_tokens", "text")
+
+    def __init__(
+        self,
+        ids: list[int],
+        text: str | None,
+        prompt_chars: int,
+        add_special_tokens: bool,
+        prompt_tokens: int | None = None,
+    ):
+        self.ids, self.text, self.prompt_chars = ids, text, prompt_chars
+        self.add_special_tokens, self.prompt_tokens, self.bos_added = (
+            add_special_tokens,
+            prompt_tokens,
+            False,
+        )
 
 
 class _Filtered(Exception):
