@@ -172,3 +172,28 @@ def test_bad_options_raise_rewardax_errors():
         tiny_config("llama", num_key_value_heads=3)
     with pytest.raises(ConfigError, match="rope_scaling type 'yarn'"):
         tiny_config("llama", rope_scaling={"rope_type": "yarn", "factor": 2.0})
+
+
+@pytest.mark.parametrize("policy", ["none", "full"])
+def test_explicit_dropout_key_is_reproducible(policy):
+    ids = jnp.asarray(random_rows(14, [8, 8]))
+    model = scrambled_model("llama", dropout_rate=0.3, remat_policy=policy)
+    plain = np.asarray(model(ids).logits)
+
+    @nnx.jit
+    def train_logits(m, ids, key):
+        return m(ids, deterministic=False, dropout_rng=key).logits
+
+    a = np.asarray(train_logits(model, ids, jax.random.key(1)))
+    b = np.asarray(train_logits(model, ids, jax.random.key(1)))
+    c = np.asarray(train_logits(model, ids, jax.random.key(2)))
+    np.testing.assert_array_equal(a, b)
+    assert np.abs(a - c).max() > 1e-4 and np.abs(a - plain).max() > 1e-4
+
+
+@pytest.mark.parametrize("arch", ["llama", "llama3", "mistral", "qwen2", "qwen3"])
+def test_config_survives_hf_dict_round_trip(arch):
+    config = tiny_config(arch, num_labels=3)
+    assert ModelConfig.from_hf_dict(config.to_hf_dict()) == config
+    causal = config.to_hf_dict(for_sequence_classification=False)
+    assert causal["architectures"][0].endswith("ForCausalLM") and "num_labels" not in causal

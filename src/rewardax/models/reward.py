@@ -127,6 +127,7 @@ class RewardModel(nnx.Module):
         branch_ids: jax.Array | None = None,
         reward_positions: jax.Array | None = None,
         deterministic: bool = True,
+        dropout_rng: jax.Array | None = None,
         output_hidden_states: bool = False,
     ) -> RewardOutput:
         """Rewards for a batch of (possibly padded, packed or prompt-sharing) rows.
@@ -143,6 +144,8 @@ class RewardModel(nnx.Module):
           reward_positions: None -> the last index with mask 1 per row (logits [N, L]);
             int [N] -> that index per row ([N, L]); int [N, K] -> K rewards per row ([N, K, L]).
           deterministic: False enables dropout (if ``dropout_rate > 0``).
+          dropout_rng: a PRNG key for dropout (pure train steps pass one per step); None =
+            the model's own ``rngs`` stream.
           output_hidden_states: also return the final hidden states [N, T, E].
 
         Returns:
@@ -160,7 +163,9 @@ class RewardModel(nnx.Module):
         if segment_ids is None:
             segment_ids = attention_mask
         mask = build_attention_mask(segment_ids, positions, branch_ids, self.config.sliding_window)
-        hidden = self.model(input_ids, positions, mask, deterministic=deterministic)
+        hidden = self.model(
+            input_ids, positions, mask, deterministic=deterministic, dropout_rng=dropout_rng
+        )
 
         if reward_positions is None:
             reward_positions = last_token_index(attention_mask)

@@ -267,15 +267,17 @@ class DecoderLayer(nnx.Module):
         sin: jax.Array,
         mask: jax.Array,
         deterministic: bool,
+        dropout_rng: jax.Array | None = None,
     ) -> jax.Array:
-        """x [N, T, E] -> [N, T, E]."""
+        """x [N, T, E] -> [N, T, E]. ``dropout_rng``: explicit key (else the module's stream)."""
+        keys = jax.random.split(dropout_rng) if dropout_rng is not None else (None, None)
         a = self.self_attn(self.input_layernorm(x), cos, sin, mask)
         if self.dropout is not None:
-            a = self.dropout(a, deterministic=deterministic)
+            a = self.dropout(a, deterministic=deterministic, rngs=keys[0])
         h = x + a
         f = self.mlp(self.post_attention_layernorm(h))
         if self.dropout is not None:
-            f = self.dropout(f, deterministic=deterministic)
+            f = self.dropout(f, deterministic=deterministic, rngs=keys[1])
         return h + f
 
 
@@ -337,17 +339,24 @@ class Decoder(nnx.Module):
         mask: jax.Array,
         *,
         deterministic: bool = True,
+        dropout_rng: jax.Array | None = None,
     ) -> jax.Array:
-        """input_ids int [N, T]; positions int [N, T]; mask bool [N, T, T] -> hidden [N, T, E]."""
+        """input_ids int [N, T]; positions int [N, T]; mask bool [N, T, T] -> hidden [N, T, E].
+
+        ``dropout_rng`` (a key) drives dropout explicitly, split per layer; without it dropout
+        draws from the modules' own RNG stream.
+        """
         x = self.embed_tokens(input_ids).astype(self.dtype)
         inv_freq, rope_scale = rope_inverse_frequencies(self.config)
         cos, sin = rope_cos_sin(positions, inv_freq, rope_scale)
 
-        def run_layer(layer: DecoderLayer, h: jax.Array) -> jax.Array:
-            return layer(h, cos, sin, mask, deterministic)
+        def run_layer(layer: DecoderLayer, h: jax.Array, key: jax.Array | None) -> jax.Array:
+            return layer(h, cos, sin, mask, deterministic, key)
 
         if self.remat_policy != "none":
             run_layer = nnx.remat(run_layer, policy=remat_policy_fn(self.remat_policy))
-        for layer in self.layers:
-            x = run_layer(layer, x)
+        n = len(self.layers)
+        keys = jax.random.split(dropout_rng, n) if dropout_rng is not None else [None] * n
+        for layer, key in zip(self.layers, keys, strict=True):
+            x = run_layer(layer, x, key)
         return self.norm(x)
