@@ -197,3 +197,16 @@ def test_config_survives_hf_dict_round_trip(arch):
     assert ModelConfig.from_hf_dict(config.to_hf_dict()) == config
     causal = config.to_hf_dict(for_sequence_classification=False)
     assert causal["architectures"][0].endswith("ForCausalLM") and "num_labels" not in causal
+
+
+def test_sharding_table_places_every_parameter():
+    """The project's one logical->mesh table knows every logical name the model uses."""
+    from rewardax.sharding import LOGICAL_AXIS_RULES
+
+    model = RewardModel(tiny_config("qwen3"), rngs=nnx.Rngs(0))
+    names = set()
+    for _, var in nnx.to_flat_state(nnx.state(model, nnx.Param)):
+        axes = var.get_metadata()["out_sharding"]
+        assert len(axes) == var.get_value().ndim
+        names.update(a for a in axes if a is not None)
+    assert names <= set(LOGICAL_AXIS_RULES), names - set(LOGICAL_AXIS_RULES)

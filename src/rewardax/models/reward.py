@@ -110,7 +110,7 @@ class RewardModel(nnx.Module):
         self.score = Projection(
             (config.hidden_size,),
             (config.num_labels,),
-            ("embed", None),  # labels: never sharded
+            ("embed", "labels"),
             use_bias=False,
             std=1.0 / math.sqrt(config.hidden_size + 1),
             param_dtype=self.param_dtype,

@@ -4,7 +4,7 @@ Shapes: N = rows, T = tokens per row, E = hidden size, H = query heads, K = key/
 D = head width, M = MLP width, V = vocabulary.
 
 Parameters carry *logical* axis names (``vocab``, ``embed``, ``mlp``, ``heads``, ``kv_heads``,
-``head_dim``) as ``out_sharding`` metadata with eager sharding off, so a model can be built on the
+``head_dim``, ``norm`` for norm scales, ``labels`` for the score head's output) as ``out_sharding`` metadata with eager sharding off, so a model can be built on the
 host without a mesh; ``rewardax.sharding`` maps the names to mesh axes in one table.
 
 Kernels are stored ``[in, out]`` with the head axes split out (``q_proj.kernel`` is ``[E, H, D]``),
@@ -251,11 +251,11 @@ class DecoderLayer(nnx.Module):
     ):
         eps = config.rms_norm_eps
         self.input_layernorm = RMSNorm(
-            config.hidden_size, eps, names=("embed",), param_dtype=param_dtype
+            config.hidden_size, eps, names=("norm",), param_dtype=param_dtype
         )
         self.self_attn = Attention(config, param_dtype=param_dtype, rngs=rngs)
         self.post_attention_layernorm = RMSNorm(
-            config.hidden_size, eps, names=("embed",), param_dtype=param_dtype
+            config.hidden_size, eps, names=("norm",), param_dtype=param_dtype
         )
         self.mlp = MLP(config, param_dtype=param_dtype, rngs=rngs)
         self.dropout = nnx.Dropout(dropout_rate, rngs=rngs) if dropout_rate > 0 else None
@@ -329,7 +329,7 @@ class Decoder(nnx.Module):
             ]
         )
         self.norm = RMSNorm(
-            config.hidden_size, config.rms_norm_eps, names=("embed",), param_dtype=param_dtype
+            config.hidden_size, config.rms_norm_eps, names=("norm",), param_dtype=param_dtype
         )
 
     def __call__(
