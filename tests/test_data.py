@@ -1,6 +1,7 @@
 """Formats, golden token ids, length policy, margins, the two collate functions, bad input."""
 
 import copy
+import itertools
 
 import numpy as np
 import pytest
@@ -241,7 +242,7 @@ def test_buckets():
     # Any rung wastes at most 1/(1 + buckets_per_octave) of a batch padded up to it.
     for per_octave in (1, 2, 4, 8):
         ladder = default_bucket_lengths(4096, buckets_per_octave=per_octave)
-        gaps = [(b - a) / b for a, b in zip(ladder[7:], ladder[8:])]
+        gaps = [(b - a) / b for a, b in itertools.pairwise(ladder[7:])]
         assert max(gaps) <= 1 / (1 + per_octave) + 1e-9
 
 
@@ -304,3 +305,24 @@ def test_chat_template_failure_is_a_data_error(tok):
     row = {**GOLDEN["conversational_implicit"][0], "tools": [{"name": "a"}]}
     with pytest.raises(DataError, match="chat template failed"):
         create_tfds_collect_function(tok2, 64)([row])
+
+
+def test_chunked_encoding_equals_row_by_row(tok):
+    from rewardax.data.collate import RowProcessor
+
+    rows = [GOLDEN[name][0] for name in ("standard_implicit", "standard_explicit")] * 3 + [
+        {"prompt": "word " * 40, "chosen": "Yes indeed.", "rejected": "No."},  # keep_end cuts
+        {"chosen": "same", "rejected": "same"},  # invalid
+        {"prompt": "Q: ", "chosen": "A café, naïve résumé 東京 🙂.", "rejected": "Nope\n\n"},
+    ]
+    processor = RowProcessor(tok, DataConfig(max_sequence_length=32, on_invalid="skip"), "standard")
+    together = processor.process_many(rows, list(range(len(rows))), lambda i: f"row {i}")
+    for i, (row, record) in enumerate(zip(rows, together, strict=True)):
+        alone = processor.process(row, i, f"row {i}")
+        assert sorted(alone) == sorted(record)
+        for key, value in alone.items():
+            assert np.array_equal(value, record[key]), (i, key)
+    # The ids are the tokenizer's own, one text at a time (plus EOS).
+    last = together[-1]["chosen_input_ids"].tolist()
+    assert last == [*tok("Q: A café, naïve résumé 東京 🙂.").input_ids, IM_END]
+    assert together[6]["truncated"] and together[7]["dropped"] == "identical"

@@ -158,19 +158,24 @@ def collate_records(
         raise ValueError(
             f"a sequence of {longest} tokens exceeds the largest bucket {bucket_lengths[-1]}"
         )
-    input_ids = np.full((size, 2, length), pad_id, dtype=np.int32)
-    attention_mask = np.zeros((size, 2, length), dtype=np.int32)
-    reward_index = np.zeros((size, 2), dtype=np.int32)
+    lengths = np.zeros((size, 2), dtype=np.int32)
     margin = np.zeros((size,), dtype=np.float32)
     pair_mask = np.zeros((size,), dtype=np.float32)
+    pieces = []
     for i, record in enumerate(records):
-        for j, key in enumerate(("chosen_input_ids", "rejected_input_ids")):
-            ids = record[key]
-            input_ids[i, j, : len(ids)] = ids
-            attention_mask[i, j, : len(ids)] = 1
-            reward_index[i, j] = len(ids) - 1
+        c, r = record["chosen_input_ids"], record["rejected_input_ids"]
+        lengths[i] = (len(c), len(r))
+        pieces += (c, r)
         margin[i] = record["margin"]
-        pair_mask[i] = 1.0
+    pair_mask[: len(records)] = 1.0
+    # Whole-batch writes instead of per-sequence slices: the mask's True cells, in row-major order,
+    # are exactly the concatenated ids (pair after pair, chosen before rejected).
+    real = np.arange(length, dtype=np.int32) < lengths[..., None]
+    input_ids = np.full((size, 2, length), pad_id, dtype=np.int32)
+    if pieces:
+        input_ids[real] = np.concatenate(pieces)
+    attention_mask = real.astype(np.int32)
+    reward_index = np.maximum(lengths - 1, 0)
     return {
         "input_ids": input_ids,
         "attention_mask": attention_mask,

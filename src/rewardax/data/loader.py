@@ -352,10 +352,12 @@ class PreferenceLoader:
         )
         dataset = grain.MapDataset.range(-(-(end - start) // rows)).map(task)
         workers = self.config.num_workers
-        # In process, one Grain thread tokenizes the next chunks while this thread batches (the
-        # tokenizer releases the GIL); a few chunks ahead are enough.
+        # Chunks are read ahead by one Grain thread (the tokenizer releases the GIL) or by the
+        # workers, up to one length-group window plus a chunk: the next window is tokenized while
+        # the training step consumes this one, so a window boundary does not stall the step.
+        ahead = -(-self.window // rows) + 1
         iterable = dataset.to_iter_dataset(
-            grain.ReadOptions(num_threads=0 if workers else 1, prefetch_buffer_size=2)
+            grain.ReadOptions(num_threads=0 if workers else 1, prefetch_buffer_size=ahead)
         )
         if workers > 0:
             from absl import flags
@@ -364,7 +366,9 @@ class PreferenceLoader:
             if not flags.FLAGS.is_parsed():
                 flags.FLAGS.mark_as_parsed()
             iterable = iterable.mp_prefetch(
-                grain.MultiprocessingOptions(num_workers=workers, per_worker_buffer_size=2)
+                grain.MultiprocessingOptions(
+                    num_workers=workers, per_worker_buffer_size=-(-ahead // workers)
+                )
             )
         iterator = iter(iterable)
         try:

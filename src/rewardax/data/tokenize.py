@@ -120,7 +120,7 @@ class PairEncoder:
             return_attention_mask=False,
             return_token_type_ids=False,
         )
-        return [list(ids) for ids in enc["input_ids"]]
+        return enc["input_ids"]  # fresh lists, ours to extend
 
     def _prompt_tokens(self, seq: _Sequence) -> int:
         """How many leading tokens of `seq` are prompt (computed only when truncation needs it)."""
