@@ -137,7 +137,7 @@ def test_score_file_streams_in_order_and_refuses_overwrite(tokenizer, model, tmp
 
 def test_normalization_needs_stats_and_a_positive_std(tmp_path):
     (tmp_path / "config.json").write_text(json.dumps({"rewardax": {"trained_steps": 3}}))
-    with pytest.raises(ModelLoadError, match="no rewardax.reward_normalization"):
+    with pytest.raises(ModelLoadError, match=r"no rewardax\.reward_normalization"):
         normalization_of(tmp_path)
     stats = {"rewardax": {"reward_normalization": {"mean": 1.0, "std": 0.0}}}
     (tmp_path / "config.json").write_text(json.dumps(stats))

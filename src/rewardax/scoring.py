@@ -9,8 +9,8 @@ A row to score is one of (checked in this order; other columns are carried throu
     response already starts with it); a list-of-messages prompt makes it a chat whose last message is
     `{"role": "assistant", "content": response}`.
   - `text`: one string, scored as is.
-Tokenization follows the training rules of `rewardax.data.tokenize.PairEncoder` (the same object
-does the work): plain text gets the tokenizer's special tokens and an EOS unless it ends with one
+Tokenization follows the training rules of `rewardax.data.tokenize.PairEncoder` (its own tokenize and
+length-policy steps do the work; tests/test_scoring.py checks the ids equal a training pair's): plain text gets the tokenizer's special tokens and an EOS unless it ends with one
 (`data.append_eos`), chat renders get no second BOS, and sequences longer than
 `data.max_sequence_length` are cut by `data.truncation_mode` exactly as a training response is. So
 the reward of a response here equals its reward as the `chosen` side of a training pair.
@@ -34,7 +34,7 @@ from flax import nnx
 from rewardax.data.collate import default_bucket_lengths
 from rewardax.data.config import DataConfig
 from rewardax.data.formats import InvalidRow, NormalizedPair, _chat_extras, _messages
-from rewardax.data.tokenize import PairEncoder, _Filtered, pad_token_id
+from rewardax.data.tokenize import PairEncoder, _Filtered, _Sequence, pad_token_id
 from rewardax.errors import ConfigError, DataError, ModelLoadError
 
 SCORE_SUFFIXES = (".jsonl", ".ndjson", ".parquet")
@@ -59,47 +59,45 @@ class ResponseEncoder:
             append_eos=data_config.append_eos,
         )
 
-    def _text_ids(self, text: str, prompt_chars: int) -> tuple[list[int], int]:
+    def _text_sequence(self, text: str, prompt_chars: int) -> _Sequence:
         enc = self.encoder
-        ids, n_prompt = enc._encode(text, prompt_chars, add_special_tokens=True)
+        ids = enc._batch_ids([text], add_special_tokens=True)[0]
         if enc.append_eos and enc.eos_id is not None and (not ids or ids[-1] != enc.eos_id):
             ids.append(int(enc.eos_id))
-        return ids, n_prompt
+        return _Sequence(ids, text, prompt_chars, True)
 
-    def _chat_ids(self, messages: list[dict], row: dict) -> tuple[list[int], int]:
+    def _chat_sequence(self, messages: list[dict], row: dict) -> _Sequence:
         enc = self.encoder
         tools, kwargs = _chat_extras(row)
-        full = enc._render(
-            messages, NormalizedPair("chat", messages, messages, 0, 0, tools, kwargs), "messages"
-        )
+        pair = NormalizedPair("chat", messages, messages, tools=tools, template_kwargs=kwargs)
+        full = enc._render(messages, pair, "messages")
         # Training puts the prompt/response boundary at the end of the text two responses share: the
-        # rendered prompt plus the assistant header. The generation-prompt render is that text.
+        # rendered prompt plus the assistant header, which is the generation-prompt render.
         head = ""
         if len(messages) > 1:
             try:
                 head = enc.tokenizer.apply_chat_template(
-                    messages[:-1],
-                    tools=tools,
-                    tokenize=False,
-                    add_generation_prompt=True,
-                    **kwargs,
+                    messages[:-1], tools=tools, tokenize=False, add_generation_prompt=True, **kwargs
                 )
-            except Exception:  # jinja errors of many types: fall back to no prompt boundary
+            except Exception:  # jinja errors of many types: then no prompt boundary
                 head = ""
         common = 0
         while common < min(len(head), len(full)) and head[common] == full[common]:
             common += 1
-        ids, n_prompt = enc._encode(full, min(common, len(full) - 1), add_special_tokens=False)
+        ids = enc._batch_ids([full], add_special_tokens=False)[0]
+        seq = _Sequence(ids, full, min(common, len(full) - 1), False)
+        # The template writes its own special tokens; add a BOS only when the tokenizer wants one
+        # and the template left it out (the training rule).
         if enc.adds_bos and (not ids or ids[0] != enc.bos_id):
-            ids, n_prompt = [int(enc.bos_id), *ids], n_prompt + 1
-        return ids, n_prompt
+            seq.ids = [int(enc.bos_id), *ids]
+            seq.bos_added = True
+        return seq
 
     def encode(self, row: Any, where: str) -> np.ndarray:
         """Token ids int32 [L] of one row (L <= max_sequence_length); DataError naming `where`."""
         try:
-            ids, n_prompt = self._row_ids(row)
             try:
-                ids, _ = self.encoder._fit(ids, n_prompt, "response")
+                ids, _ = self.encoder._fit(self._row_sequence(row), "response")
             except _Filtered:
                 raise InvalidRow(
                     "too_long",
@@ -112,12 +110,12 @@ class ResponseEncoder:
             raise DataError(f"{where}, field '{bad.field_name}': {bad.expected}") from None
         return np.asarray(ids, dtype=np.int32)
 
-    def _row_ids(self, row: Any) -> tuple[list[int], int]:
+    def _row_sequence(self, row: Any) -> _Sequence:
         if not isinstance(row, dict):
             raise InvalidRow("wrong_type", "<row>", f"expected an object, got {type(row).__name__}")
         if row.get("messages") is not None:
             messages = _messages(row["messages"], "messages", response=True)
-            return self._chat_ids(messages, row)
+            return self._chat_sequence(messages, row)
         if row.get("input_ids") is not None:
             ids = row["input_ids"]
             try:
@@ -133,23 +131,25 @@ class ResponseEncoder:
                     "input_ids",
                     f"expected a non-empty list of ids in [0, {self.encoder.vocab_size})",
                 )
-            return ids, 0
+            return _Sequence(ids, None, 0, False, prompt_tokens=0)
         if row.get("response") is not None:
             response = _string(row, "response")
             prompt = row.get("prompt")
             if isinstance(prompt, list):
                 messages = _messages(prompt, "prompt", response=False)
-                return self._chat_ids([*messages, {"role": "assistant", "content": response}], row)
+                return self._chat_sequence(
+                    [*messages, {"role": "assistant", "content": response}], row
+                )
             if prompt is None or prompt == "":
-                return self._text_ids(response, 0)
+                return self._text_sequence(response, 0)
             if not isinstance(prompt, str):
                 raise InvalidRow(
                     "wrong_type", "prompt", "expected a string or a list of chat messages"
                 )
             text = response if response.startswith(prompt) else prompt + response
-            return self._text_ids(text, len(prompt))
+            return self._text_sequence(text, len(prompt))
         if row.get("text") is not None:
-            return self._text_ids(_string(row, "text"), 0)
+            return self._text_sequence(_string(row, "text"), 0)
         raise InvalidRow(
             "missing_field",
             "messages",

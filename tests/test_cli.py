@@ -1,0 +1,303 @@
+"""The `rewardax` CLI end to end on a tiny random llama with SmolLM2's tokenizer: train (a real
+subprocess of the console script), eval with a report, score, export, the export in transformers,
+error cases, and the README's Python example."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+from importlib import resources
+from pathlib import Path
+
+import numpy as np
+import pytest
+from flax import nnx
+
+import rewardax as rx
+from data_fixtures import smollm2_tokenizer
+from rewardax import cli
+
+ROOT = Path(__file__).resolve().parents[1]
+RX = Path(sys.executable).parent / "rewardax"
+TINY = ROOT / "src" / "rewardax" / "configs" / "tiny.yaml"
+PROMPT = "Review:\n"
+HELDOUT = resources.files("rewardax") / "assets" / "vader_movie_pairs.heldout.jsonl"
+TRAIN = resources.files("rewardax") / "assets" / "vader_movie_pairs.train.jsonl"
+
+
+def short_pairs(tokenizer, path, n, limit=30):
+    """VADER pairs whose prompt + response fits `limit` tokens (no truncation: exact references)."""
+    out = []
+    for line in Path(path).read_text().splitlines():
+        row = json.loads(line)
+        if all(len(tokenizer(PROMPT + row[k]).input_ids) < limit for k in ("chosen", "rejected")):
+            out.append({"prompt": PROMPT, "chosen": row["chosen"], "rejected": row["rejected"]})
+        if len(out) == n:
+            break
+    return out
+
+
+def write_jsonl(path, rows):
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    return smollm2_tokenizer()
+
+
+@pytest.fixture(scope="module")
+def work(tokenizer, tmp_path_factory):
+    """A tiny HF model dir, data files, and one `rewardax train` run through the console script."""
+    tmp = tmp_path_factory.mktemp("cli")
+    config = rx.ModelConfig(
+        architecture="llama",
+        vocab_size=len(tokenizer),
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        pad_token_id=tokenizer.pad_token_id,
+    )
+    model_dir = tmp / "tiny-model"
+    rx.RewardModel(config, rngs=nnx.Rngs(0)).save_pretrained(model_dir, tokenizer=tokenizer)
+    train = write_jsonl(tmp / "train.jsonl", short_pairs(tokenizer, TRAIN, 24))
+    heldout = short_pairs(tokenizer, HELDOUT, 12)
+    for i, row in enumerate(heldout):
+        row["subset"] = "even" if i % 2 == 0 else "odd"
+    heldout_path = write_jsonl(tmp / "heldout.jsonl", heldout)
+    runs = tmp / "runs"
+    proc = subprocess.run(
+        [
+            str(RX),
+            "train",
+            "--config",
+            str(TINY),
+            "--train",
+            str(train),
+            "--eval",
+            f"heldout={heldout_path}",
+            f"--model.path={model_dir}",
+            f"--checkpoint.save_directory={runs}",
+            "--checkpoint.run_name",
+            "run",
+            "--eval.eval_at_start=true",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={"JAX_PLATFORMS": "cpu", "PATH": str(RX.parent)},
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return {
+        "tmp": tmp,
+        "model_dir": model_dir,
+        "heldout": heldout,
+        "heldout_path": heldout_path,
+        "run": runs / "run",
+        "proc": proc,
+    }
+
+
+def run_main(capsys, argv):
+    code = cli.main(argv)
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def rewards_of(model, tokenizer, texts):
+    """Independent reference: each text tokenized as training does (+EOS), one unpadded row each."""
+    out = []
+    for text in texts:
+        ids = [*tokenizer(text).input_ids, tokenizer.eos_token_id]
+        out.append(float(np.asarray(model(np.asarray([ids], np.int32)).logits)[0, 0]))
+    return np.asarray(out)
+
+
+def test_train_writes_the_run_and_ends_with_one_json_line(work):
+    lines = work["proc"].stdout.strip().splitlines()
+    summary = json.loads(lines[-1])
+    run = work["run"]
+    assert summary["run_dir"] == str(run) and summary["steps"] == 4
+    assert set(summary["accuracy_before"]) == {"heldout"} == set(summary["accuracy_after"])
+    assert 0.0 <= summary["accuracy_after"]["heldout"] <= 1.0
+    assert summary["data"]["pairs_seen"] == 4 * 4  # 4 steps x (2 per device x 2 accumulation)
+    assert sorted(p.name for p in (run / "checkpoints").iterdir()) == ["2", "4"]
+    assert (run / "metrics.jsonl").is_file() and (run / "report" / "index.html").is_file()
+    exported = json.loads((run / "export" / "config.json").read_text())["rewardax"]
+    assert exported["trained_steps"] == 4 and exported["reward_normalization"]["std"] > 0
+    assert "accuracy before training" in work["proc"].stderr
+
+
+def test_eval_report_and_accuracy_match_independent_rewards(work, tokenizer, capsys):
+    export, report = work["run"] / "export", work["tmp"] / "report"
+    code, out, _ = run_main(
+        capsys,
+        [
+            "eval",
+            "--model",
+            str(export),
+            "--data",
+            str(work["heldout_path"]),
+            "--report",
+            str(report),
+        ],
+    )
+    assert code == 0
+    metrics = json.loads(out.strip().splitlines()[-1])["metrics"]
+    model = rx.AutoRewardModel.from_pretrained(export)
+    rows = work["heldout"]
+    chosen = rewards_of(model, tokenizer, [PROMPT + r["chosen"] for r in rows])
+    rejected = rewards_of(model, tokenizer, [PROMPT + r["rejected"] for r in rows])
+    diff = chosen - rejected
+    wins = (diff > 0) + 0.5 * (diff == 0)
+    assert metrics["num_pairs"] == len(rows)
+    assert metrics["accuracy"] == pytest.approx(wins.mean())
+    assert metrics["mean_margin"] == pytest.approx(diff.mean(), abs=1e-4)
+    assert metrics["subsets"]["even"]["accuracy"] == pytest.approx(wins[0::2].mean())
+    assert metrics["subsets"]["odd"]["num_pairs"] == len(rows) // 2
+    for name in ("index.html", "training_curves.png", "reward_histograms.png", "calibration.png"):
+        assert (report / name).is_file(), name
+    assert (report / "reward_vs_length.png").is_file()
+
+
+def test_score_jsonl_and_parquet_with_normalize(work, tokenizer, capsys):
+    export = work["run"] / "export"
+    chat = [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello there."}]
+    rows = [
+        {"id": 0, "prompt": PROMPT, "response": "A gentle, lovely film."},
+        {"id": 1, "text": "Terrible."},
+        {"id": 2, "messages": chat},
+        *(
+            {"id": 3 + i, "prompt": PROMPT, "response": r["chosen"]}
+            for i, r in enumerate(work["heldout"])
+        ),
+    ]
+    src = write_jsonl(work["tmp"] / "to_score.jsonl", rows)
+    out_path = work["tmp"] / "scored.jsonl"
+    code, out, _ = run_main(
+        capsys,
+        [
+            "score",
+            "--model",
+            str(export),
+            "--input",
+            str(src),
+            "--output",
+            str(out_path),
+            "--batch-size",
+            "4",
+        ],
+    )
+    assert code == 0 and json.loads(out.strip().splitlines()[-1])["rows"] == len(rows)
+    scored = [json.loads(line) for line in out_path.read_text().splitlines()]
+    assert [r["id"] for r in scored] == [r["id"] for r in rows]
+    assert all(isinstance(r["reward"], float) for r in scored)
+    model = rx.AutoRewardModel.from_pretrained(export)
+    texts = [PROMPT + "A gentle, lovely film.", "Terrible."] + [
+        PROMPT + r["chosen"] for r in work["heldout"]
+    ]
+    expected = rewards_of(model, tokenizer, texts)
+    got = np.array([r["reward"] for r in scored])
+    np.testing.assert_allclose(got[[0, 1, *range(3, len(rows))]], expected, atol=1e-4)
+    rendered = tokenizer.apply_chat_template(chat, tokenize=False).rstrip()
+    chat_ids = tokenizer(rendered, add_special_tokens=False).input_ids
+    chat_reward = float(np.asarray(model(np.asarray([chat_ids], np.int32)).logits)[0, 0])
+    assert got[2] == pytest.approx(chat_reward, abs=1e-4)
+
+    # --normalize, parquet in and out.
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    pq.write_table(
+        pa.Table.from_pylist([r for r in rows if "prompt" in r]), work["tmp"] / "in.parquet"
+    )
+    norm_out = work["tmp"] / "scored.parquet"
+    argv = ["score", "--model", str(export), "--input", str(work["tmp"] / "in.parquet")]
+    code, _, _ = run_main(capsys, [*argv, "--output", str(norm_out), "--normalize"])
+    assert code == 0
+    stats = json.loads((export / "config.json").read_text())["rewardax"]["reward_normalization"]
+    normed = pq.read_table(norm_out).to_pylist()
+    raw = {r["id"]: r["reward"] for r in scored}
+    for row in normed:
+        assert row["reward"] == pytest.approx(
+            (raw[row["id"]] - stats["mean"]) / stats["std"], abs=1e-4
+        )
+    # An existing output is not overwritten without --overwrite.
+    code, _, err = run_main(capsys, [*argv, "--output", str(norm_out)])
+    assert code == 2 and "--overwrite" in err
+
+
+def test_export_from_checkpoint_equals_trainer_export_and_loads_in_transformers(
+    work, capsys, tokenizer
+):
+    out_dir = work["tmp"] / "exported"
+    ckpt = work["run"] / "checkpoints" / "4"
+    code, out, _ = run_main(capsys, ["export", "--checkpoint", str(ckpt), "--output", str(out_dir)])
+    assert code == 0 and json.loads(out.strip().splitlines()[-1])["step"] == 4
+    ours = rx.AutoRewardModel.from_pretrained(out_dir)
+    trainers = rx.AutoRewardModel.from_pretrained(work["run"] / "export")
+    ids = np.asarray(
+        [tokenizer("A bold and strange little movie about grief.").input_ids], np.int32
+    )
+    ours_r = np.asarray(ours(ids).logits)
+    np.testing.assert_array_equal(ours_r, np.asarray(trainers(ids).logits))
+    config = json.loads((out_dir / "config.json").read_text())["rewardax"]
+    assert config["trained_steps"] == 4 and "reward_normalization" in config
+    assert (out_dir / "tokenizer.json").is_file()
+
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    hf = transformers.AutoModelForSequenceClassification.from_pretrained(out_dir).eval()
+    # Rows whose last token is not the pad id (= EOS here): transformers' pooling reads the last
+    # non-pad token, rewardax the last attention-mask one; both are the last token then.
+    with torch.no_grad():
+        hf_r = hf(input_ids=torch.tensor(ids, dtype=torch.long)).logits.numpy()
+    np.testing.assert_allclose(hf_r, ours_r, atol=1e-4)
+
+    # A non-empty output directory is refused without --overwrite.
+    code, _, err = run_main(capsys, ["export", "--checkpoint", str(ckpt), "--output", str(out_dir)])
+    assert code == 2 and err.startswith("rewardax: error:") and "--overwrite" in err
+
+
+def test_errors_are_one_line_with_status_2(work, capsys):
+    data = str(work["heldout_path"])
+    code, _, err = run_main(
+        capsys, ["eval", "--model", "HuggingFaceTB/SmolLM2-135M", "--data", data]
+    )
+    assert code == 2 and "hub name" in err and "local" in err and len(err.strip().splitlines()) == 1
+    missing = str(work["tmp"] / "nope.jsonl")
+    code, _, err = run_main(
+        capsys,
+        ["score", "--model", str(work["model_dir"]), "--input", missing, "--output", "x.jsonl"],
+    )
+    assert code == 2 and "does not exist" in err
+    # Through the console script: no traceback, status 2.
+    proc = subprocess.run(
+        [str(RX), "train", "--config", str(work["tmp"] / "missing.yaml")],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={"JAX_PLATFORMS": "cpu", "PATH": str(RX.parent)},
+    )
+    assert proc.returncode == 2
+    assert proc.stderr.strip().splitlines() == [
+        f"rewardax: error: config file {work['tmp'] / 'missing.yaml'} does not exist"
+    ]
+
+
+def test_readme_python_example_runs(work, tmp_path, monkeypatch):
+    text = (ROOT / "README.md").read_text()
+    code = re.search(r"<!-- example -->\n```python\n(.*?)```", text, re.S).group(1)
+    assert len(code.strip().splitlines()) <= 12
+    code = code.replace("smollm2_gguf_path()", repr(str(work["model_dir"])))
+    code = code.replace("max_training_steps=40", "max_training_steps=2")
+    monkeypatch.chdir(tmp_path)
+    namespace: dict = {}
+    exec(compile(code, "README.md", "exec"), namespace)
+    assert (tmp_path / "my-reward-model" / "config.json").is_file()
+    assert 0.0 <= namespace["metrics"]["heldout"]["accuracy"] <= 1.0
