@@ -128,6 +128,27 @@ def _margin(row: dict, margin_from_scores: bool, margin_scale: float) -> float:
     return float(value)
 
 
+def _check_encodable(value: Any, where: str, depth: int = 0) -> None:
+    """Strings must be valid Unicode: a lone surrogate (from a bad decode upstream) would crash the
+    tokenizer deep inside Rust, so it is reported here with the field's path."""
+    if isinstance(value, str):
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError as exc:
+            raise InvalidRow(
+                "invalid_text",
+                where,
+                f"expected valid Unicode text, found an unencodable character at {exc.start} "
+                "(a lone surrogate: was the file decoded with errors='surrogateescape'?)",
+            ) from None
+    elif depth < 8 and isinstance(value, dict):
+        for key, item in value.items():
+            _check_encodable(item, f"{where}.{key}" if where else str(key), depth + 1)
+    elif depth < 8 and isinstance(value, list):
+        for i, item in enumerate(value):
+            _check_encodable(item, f"{where}[{i}]", depth + 1)
+
+
 def _text(row: dict, name: str) -> str:
     value = row.get(name)
     if name not in row or value is None:
@@ -159,7 +180,8 @@ def _messages(value: Any, name: str, *, response: bool) -> list[dict]:
                 where,
                 f"expected a dict with 'role' and 'content', got {_describe(message)}",
             )
-        if message["role"] not in CHAT_ROLES:
+        # isinstance first: a list or dict role is unhashable and would crash the `in` test.
+        if not isinstance(message["role"], str) or message["role"] not in CHAT_ROLES:
             raise InvalidRow(
                 "unknown_role",
                 where,
@@ -198,7 +220,7 @@ def _sharegpt_turns(value: Any, name: str) -> list[dict]:
                 where,
                 f"expected a dict with 'from' and 'value', got {_describe(turn)}",
             )
-        role = SHAREGPT_ROLES.get(turn["from"])
+        role = SHAREGPT_ROLES.get(turn["from"]) if isinstance(turn["from"], str) else None
         if role is None:
             raise InvalidRow(
                 "unknown_role",
@@ -271,6 +293,7 @@ def normalize_row(
         raise InvalidRow(
             "wrong_type", "<row>", f"expected a mapping of fields, got {type(row).__name__}"
         )
+    _check_encodable(row, "")
     found = detect_format(row)
     if found is not None and found != fmt:
         raise InvalidRow(

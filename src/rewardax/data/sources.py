@@ -167,6 +167,8 @@ class ShardedDataSource:
         return file.row(i)
 
     def where(self, index: int) -> str:
+        if len(self) == 0:  # an empty source still names its files in errors
+            return ", ".join(str(f.path) for f in self.files) or "<no files>"
         file, i = self._locate(int(index))
         line = file.line(i)
         return f"{file.path}:{line} (row {i})" if line is not None else f"{file.path} (row {i})"
