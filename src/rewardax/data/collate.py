@@ -31,21 +31,21 @@ def default_bucket_lengths(
 ) -> tuple[int, ...]:
     """Sorted bucket lengths (the padded T a batch may have); always ends at max_sequence_length.
 
-    Given `bucket_lengths` are used (capped at the max). Otherwise a ladder: multiples of 8 up to 64,
-    then `buckets_per_octave` equal steps per doubling, e.g. with 4: 8, 16, ..., 64, 80, 96, 112,
-    128, 160, 192, 224, 256, 320, ... A batch padded to the next rung wastes at most 1/(1 +
-    buckets_per_octave) of it (20% with 4, 11% with 8), about half that on average; each rung a run
-    meets is one XLA compilation.
+    Given `bucket_lengths` are used (capped at the max). Otherwise a ladder of `buckets_per_octave`
+    equal steps per doubling; below 32 the steps are those of the 32..64 octave. With 4 (the default):
+    8, 16, ..., 64, 80, 96, 112, 128, 160, 192, 224, 256, 320, ...; with 1: 32, 64, 128, ...
+    A batch padded up to the next rung wastes at most 1/(1 + buckets_per_octave) of it (20% with 4,
+    11% with 8), about half that on average; each rung a run meets is one XLA compilation.
     """
     if bucket_lengths:
         buckets = {int(b) for b in bucket_lengths if 0 < int(b) <= max_sequence_length}
     else:
         per_octave = max(int(buckets_per_octave), 1)
-        buckets, b = set(), 8
+        buckets, b = set(), max(32 // per_octave, 1)
         while b < max_sequence_length:
             buckets.add(b)
             octave = 1 << (b.bit_length() - 1)  # the power of two at or below b
-            b += max(8, octave // per_octave)
+            b += max(octave, 32) // per_octave
     buckets.add(int(max_sequence_length))
     return tuple(sorted(buckets))
 

@@ -33,9 +33,9 @@ class DataConfig:
         less; a resumed run re-reads at most one window.
       bucket_lengths: the padded lengths a batch may have; empty means the default ladder (see
         buckets_per_octave). max_sequence_length is always included.
-      buckets_per_octave: the default ladder: multiples of 8 up to 64, then this many equal steps
-        per doubling (4: 64, 80, 96, 112, 128, 160, ...). Each distinct length is one XLA
-        compilation: more buckets pad less but compile more programs.
+      buckets_per_octave: the default ladder: this many equal steps per doubling (4: 8, 16, ...,
+        64, 80, 96, 112, 128, 160, ...; 1: powers of two from 32). Each distinct length a run meets
+        is one XLA compilation: more rungs pad less but compile more programs.
       prefetch: batches prepared ahead of the training step.
     """
 
