@@ -26,7 +26,9 @@ class DataConfig:
       margin_from_scores: when rows carry `score_chosen` / `score_rejected`, use their difference
         (times `margin_scale`) as the margin.
       margin_scale: factor applied to a margin built from scores.
-      num_workers: Grain worker processes that tokenize rows (0 tokenizes in the main process).
+      num_workers: Grain worker processes that tokenize rows (0 tokenizes in a thread of the main
+        process). Workers start as fresh processes (seconds each) and pay off only with spare
+        cores: on 2 cores 0 is fastest, the tokenizer's batch call already uses both.
       shuffle: shuffle the training rows each epoch (seeded by RewardConfig.seed).
       length_group_window: rows drawn together and sorted by length before being cut into batches,
         so batches hold pairs of similar length (1 turns length grouping off). Larger windows pad
