@@ -122,9 +122,11 @@ def test_remat_policies_give_the_same_gradients():
         return jax.tree.leaves(g)
 
     ref = grads("none")
+    # Recomputation inside the scanned layers lets XLA fuse (and so round) differently: float32
+    # noise of order 1e-5 on gradients of order 1; a wrong policy gives errors of order 1.
     for policy in ("full", "save_dots"):
         for a, b in zip(ref, grads(policy), strict=True):
-            np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=1e-5, rtol=1e-5)
+            np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=1e-4, rtol=1e-4)
 
 
 def test_dropout_only_when_asked():
@@ -133,9 +135,11 @@ def test_dropout_only_when_asked():
     drop = scrambled_model("llama", dropout_rate=0.3)
     same = np.asarray(drop(ids).logits)  # deterministic=True by default
     np.testing.assert_allclose(same, np.asarray(plain(ids).logits), atol=1e-6)
-    a = np.asarray(drop(ids, deterministic=False).logits)
-    b = np.asarray(drop(ids, deterministic=False).logits)
+    a = np.asarray(drop(ids, deterministic=False, dropout_rng=jax.random.key(1)).logits)
+    b = np.asarray(drop(ids, deterministic=False, dropout_rng=jax.random.key(2)).logits)
     assert np.abs(a - same).max() > 1e-4 and np.abs(a - b).max() > 1e-4
+    with pytest.raises(ConfigError, match="dropout_rng"):  # active dropout needs a key
+        drop(ids, deterministic=False)
     # dropout_rate=0 with deterministic=False is still the plain model.
     np.testing.assert_allclose(np.asarray(plain(ids, deterministic=False).logits), same, atol=1e-6)
 
@@ -146,19 +150,21 @@ def test_score_head_init_and_logical_axes():
     std = float(np.std(np.asarray(model.score.kernel[...])))
     assert abs(std - 1 / np.sqrt(65)) < 0.15 / np.sqrt(65)
     spec = nnx.get_partition_spec(nnx.state(model, nnx.Param))
-    layer = spec["model"]["layers"][0]
+    layer = spec["model"]["layers"]  # stacked: every name gains the leading `layers` axis
     assert tuple(spec["model"]["embed_tokens"]["embedding"].get_value()) == ("vocab", "embed")
     assert tuple(layer["self_attn"]["q_proj"]["kernel"].get_value()) == (
+        "layers",
         "embed",
         "heads",
         "head_dim",
     )
     assert tuple(layer["self_attn"]["k_proj"]["kernel"].get_value()) == (
+        "layers",
         "embed",
         "kv_heads",
         "head_dim",
     )
-    assert tuple(layer["mlp"]["down_proj"]["kernel"].get_value()) == ("mlp", "embed")
+    assert tuple(layer["mlp"]["down_proj"]["kernel"].get_value()) == ("layers", "mlp", "embed")
 
 
 def test_bad_options_raise_rewardax_errors():

@@ -22,6 +22,7 @@ MESH_AXES = ("dp", "fsdp", "tp")
 # and along their head/MLP dimension by tp, as in Megatron-style tensor parallelism.
 LOGICAL_AXIS_RULES: dict[str, str | tuple[str, ...] | None] = {
     "batch": ("dp", "fsdp"),
+    "layers": None,  # the stacked axis of the scanned decoder layers
     "length": None,
     "embed": "fsdp",
     "vocab": "tp",
@@ -93,10 +94,48 @@ def state_shardings(state: Any, mesh: Mesh) -> Any:
     return jax.tree.map(one, state, is_leaf=lambda x: isinstance(x, nnx.Variable))
 
 
+def optimizer_state_shardings(optimizer: Any, params: Any, mesh: Mesh) -> Any:
+    """NamedShardings for `optimizer.init(params)`: moments follow their parameter's logical axes.
+
+    Optax builds Adam's `mu`/`nu` by mapping over the parameter `nnx.State`, so they keep each
+    parameter's `out_sharding` metadata; scalars (step counts) are replicated. Left to `jax.jit`
+    alone, `optimizer.init`'s zeros are not tied to the parameters and land unsharded.
+    """
+    return state_shardings(jax.eval_shape(optimizer.init, params), mesh)
+
+
 def batch_sharding(mesh: Mesh) -> NamedSharding:
     """Batches are split over the data-parallel axes along their first (pair) dimension."""
     return NamedSharding(mesh, PartitionSpec(LOGICAL_AXIS_RULES["batch"]))
 
 
+def global_batch(local_batch: dict[str, np.ndarray], mesh: Mesh) -> dict[str, jax.Array]:
+    """This process's slice of a batch -> global arrays split over the data-parallel axes.
+
+    Args:
+      local_batch: arrays [B_local, ...] (B_local = global batch / process_count); on one process
+        this is the whole batch.
+
+    Returns:
+      jax.Arrays [B_local * process_count, ...] with `batch_sharding(mesh)`; every process must
+      pass arrays of the same shapes (see `rewardax.distributed.pad_to_length`).
+    """
+    sharding = batch_sharding(mesh)
+    return {
+        k: jax.make_array_from_process_local_data(sharding, np.asarray(v))
+        for k, v in local_batch.items()
+    }
+
+
+def bytes_per_device(tree: Any) -> dict[Any, int]:
+    """Bytes each local device holds for the arrays of `tree` (measured from their shards)."""
+    totals: dict[Any, int] = {}
+    for leaf in jax.tree.leaves(tree):
+        for shard in getattr(leaf, "addressable_shards", ()):
+            totals[shard.device] = totals.get(shard.device, 0) + shard.data.nbytes
+    return totals
+
+
 def replicated(mesh: Mesh) -> NamedSharding:
+    """The same full array on every device of `mesh`."""
     return NamedSharding(mesh, PartitionSpec())

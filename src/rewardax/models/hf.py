@@ -90,9 +90,15 @@ def assemble_model(
             f"{' ...' if len(missing) > 8 else ''}. The file is incomplete or truncated."
         )
     target = _np_dtype(param_dtype if param_dtype is not None else dtype)
+    # Stacked layer parameters are filled slice by slice in host buffers (together one model
+    # copy), each moved to the device once its last layer is in.
+    buffers: dict[tuple, np.ndarray] = {}
+    last_layer = config.num_hidden_layers - 1
     for spec in specs:
         var = variables[spec.path]
         shape = tuple(var.get_value().shape)
+        if spec.layer is not None:
+            shape = shape[1:]
         if spec.hf_name == "score.weight" and spec.hf_name not in available:
             key = jax.random.key(seed)
             std = 1.0 / math.sqrt(config.hidden_size + 1)
@@ -105,8 +111,16 @@ def assemble_model(
                 f"{source}: tensor {spec.hf_name} has shape {tuple(array.shape)} but config.json "
                 f"implies {expected}."
             )
-        var.set_value(jnp.asarray(to_ours(spec, array, shape, target)))
+        converted = to_ours(spec, array, shape, target)
         del array
+        if spec.layer is None:
+            var.set_value(jnp.asarray(converted))
+            continue
+        if spec.path not in buffers:
+            buffers[spec.path] = np.empty((config.num_hidden_layers, *shape), target)
+        buffers[spec.path][spec.layer] = converted
+        if spec.layer == last_layer:
+            var.set_value(jnp.asarray(buffers.pop(spec.path)))
     params = nnx.from_flat_state(variables)
     if jax.tree.leaves(rest):
         # Dropout RNG state: built by a jitted init whose parameter computations XLA drops.
@@ -291,7 +305,10 @@ def load_hf_directory(
 def _hf_tensors(model: RewardModel) -> Iterator[tuple[str, np.ndarray]]:
     variables = dict(nnx.to_flat_state(nnx.state(model, nnx.Param)))
     for spec in tensor_specs(model.config):
-        yield spec.hf_name, to_hf(spec, np.asarray(jax.device_get(variables[spec.path][...])))
+        value = variables[spec.path][...]
+        if spec.layer is not None:
+            value = value[spec.layer]
+        yield spec.hf_name, to_hf(spec, np.asarray(jax.device_get(value)))
 
 
 def save_pretrained(

@@ -22,6 +22,9 @@ Kind = Literal["copy", "linear", "bias"]
 class TensorSpec:
     """One parameter: its HF name, its path in ``nnx.state(RewardModel)``, how to convert.
 
+    Decoder layers are stored stacked (``[num_layers, ...]``, scanned at run time): a per-layer
+    Hugging Face tensor is slice ``layer`` of the parameter at ``path``.
+
     ``kind``: "copy" (same layout: embeddings, norm scales), "linear" (HF ``[out, in]`` matrix
     <-> our kernel whose first ``n_in`` axes are inputs), "bias" (HF flat vector <-> our
     ``[heads, head_dim]``).
@@ -31,6 +34,7 @@ class TensorSpec:
     path: tuple[str | int, ...]
     kind: Kind
     n_in: int = 1
+    layer: int | None = None  # decoder layers are stacked: this tensor is slice `layer` of `path`
 
 
 def tensor_specs(config: ModelConfig) -> list[TensorSpec]:
@@ -40,19 +44,27 @@ def tensor_specs(config: ModelConfig) -> list[TensorSpec]:
     ]
     for i in range(config.num_hidden_layers):
         hf = f"model.layers.{i}"
-        ours: tuple[str | int, ...] = ("model", "layers", i)
+        ours: tuple[str | int, ...] = ("model", "layers")
         for norm in ("input_layernorm", "post_attention_layernorm"):
-            specs.append(TensorSpec(f"{hf}.{norm}.weight", (*ours, norm, "weight"), "copy"))
+            specs.append(
+                TensorSpec(f"{hf}.{norm}.weight", (*ours, norm, "weight"), "copy", layer=i)
+            )
         for proj in ("q_proj", "k_proj", "v_proj"):
             specs.append(
                 TensorSpec(
-                    f"{hf}.self_attn.{proj}.weight", (*ours, "self_attn", proj, "kernel"), "linear"
+                    f"{hf}.self_attn.{proj}.weight",
+                    (*ours, "self_attn", proj, "kernel"),
+                    "linear",
+                    layer=i,
                 )
             )
             if config.attention_bias:
                 specs.append(
                     TensorSpec(
-                        f"{hf}.self_attn.{proj}.bias", (*ours, "self_attn", proj, "bias"), "bias"
+                        f"{hf}.self_attn.{proj}.bias",
+                        (*ours, "self_attn", proj, "bias"),
+                        "bias",
+                        layer=i,
                     )
                 )
         specs.append(
@@ -61,6 +73,7 @@ def tensor_specs(config: ModelConfig) -> list[TensorSpec]:
                 (*ours, "self_attn", "o_proj", "kernel"),
                 "linear",
                 2,
+                layer=i,
             )
         )
         if config.qk_norm:
@@ -70,11 +83,14 @@ def tensor_specs(config: ModelConfig) -> list[TensorSpec]:
                         f"{hf}.self_attn.{norm}.weight",
                         (*ours, "self_attn", norm, "weight"),
                         "copy",
+                        layer=i,
                     )
                 )
         for proj in ("gate_proj", "up_proj", "down_proj"):
             specs.append(
-                TensorSpec(f"{hf}.mlp.{proj}.weight", (*ours, "mlp", proj, "kernel"), "linear")
+                TensorSpec(
+                    f"{hf}.mlp.{proj}.weight", (*ours, "mlp", proj, "kernel"), "linear", layer=i
+                )
             )
     specs.append(TensorSpec("model.norm.weight", ("model", "norm", "weight"), "copy"))
     specs.append(TensorSpec("score.weight", ("score", "kernel"), "linear"))

@@ -258,7 +258,9 @@ class DecoderLayer(nnx.Module):
             config.hidden_size, eps, names=("norm",), param_dtype=param_dtype
         )
         self.mlp = MLP(config, param_dtype=param_dtype, rngs=rngs)
-        self.dropout = nnx.Dropout(dropout_rate, rngs=rngs) if dropout_rate > 0 else None
+        # No RNG stream of its own: keys come from the caller (`dropout_rng`), so the stacked,
+        # scanned layers stay pure functions of their parameters.
+        self.dropout = nnx.Dropout(dropout_rate) if dropout_rate > 0 else None
 
     def __call__(
         self,
@@ -269,7 +271,7 @@ class DecoderLayer(nnx.Module):
         deterministic: bool,
         dropout_rng: jax.Array | None = None,
     ) -> jax.Array:
-        """x [N, T, E] -> [N, T, E]. ``dropout_rng``: explicit key (else the module's stream)."""
+        """x [N, T, E] -> [N, T, E]. ``dropout_rng``: the key dropout draws from."""
         keys = jax.random.split(dropout_rng) if dropout_rng is not None else (None, None)
         a = self.self_attn(self.input_layernorm(x), cos, sin, mask)
         if self.dropout is not None:
@@ -322,7 +324,8 @@ class Decoder(nnx.Module):
             ),
             rngs=rngs,
         )
-        self.layers = nnx.List(
+        self.dropout_rate = dropout_rate
+        self.layers = stack_layers(
             [
                 DecoderLayer(config, param_dtype=param_dtype, dropout_rate=dropout_rate, rngs=rngs)
                 for _ in range(config.num_hidden_layers)
@@ -343,20 +346,40 @@ class Decoder(nnx.Module):
     ) -> jax.Array:
         """input_ids int [N, T]; positions int [N, T]; mask bool [N, T, T] -> hidden [N, T, E].
 
-        ``dropout_rng`` (a key) drives dropout explicitly, split per layer; without it dropout
-        draws from the modules' own RNG stream.
+        The layers run as one ``lax.scan`` over their stacked parameters: XLA compiles one layer
+        instead of ``num_hidden_layers`` copies, so compile time does not grow with depth.
+        ``dropout_rng`` (a key, split per layer) is required when dropout is active.
         """
+        if not deterministic and self.dropout_rate > 0 and dropout_rng is None:
+            raise ConfigError("dropout is active (deterministic=False): pass dropout_rng=<key>")
         x = self.embed_tokens(input_ids).astype(self.dtype)
         inv_freq, rope_scale = rope_inverse_frequencies(self.config)
         cos, sin = rope_cos_sin(positions, inv_freq, rope_scale)
+        graphdef, stacked = nnx.split(self.layers)
 
-        def run_layer(layer: DecoderLayer, h: jax.Array, key: jax.Array | None) -> jax.Array:
-            return layer(h, cos, sin, mask, deterministic, key)
+        def run_layer(h: jax.Array, per_layer) -> tuple[jax.Array, None]:
+            layer_state, key = per_layer
+            layer = nnx.merge(graphdef, layer_state)
+            return layer(h, cos, sin, mask, deterministic, key), None
 
         if self.remat_policy != "none":
-            run_layer = nnx.remat(run_layer, policy=remat_policy_fn(self.remat_policy))
-        n = len(self.layers)
-        keys = jax.random.split(dropout_rng, n) if dropout_rng is not None else [None] * n
-        for layer, key in zip(self.layers, keys, strict=True):
-            x = run_layer(layer, x, key)
+            run_layer = jax.checkpoint(run_layer, policy=remat_policy_fn(self.remat_policy))
+        n = self.config.num_hidden_layers
+        keys = jax.random.split(dropout_rng, n) if dropout_rng is not None else None
+        x, _ = jax.lax.scan(run_layer, x, (stacked, keys))
         return self.norm(x)
+
+
+def stack_layers(layers: Sequence[DecoderLayer]) -> DecoderLayer:
+    """One DecoderLayer whose every parameter has a leading ``[num_layers]`` axis (logical name
+    ``layers``), built from ``layers`` in order; `Decoder` scans over that axis."""
+    graphdef, first = nnx.split(layers[0])
+    states = [first] + [nnx.split(layer)[1] for layer in layers[1:]]
+
+    def stack(*variables: nnx.Variable) -> nnx.Variable:
+        names = variables[0].get_metadata().get("out_sharding") or ()
+        value = jnp.stack([v.get_value() for v in variables])
+        return variables[0].replace(value, out_sharding=("layers", *names))
+
+    stacked = jax.tree.map(stack, *states, is_leaf=lambda x: isinstance(x, nnx.Variable))
+    return nnx.merge(graphdef, stacked)
