@@ -333,6 +333,31 @@ class MeshSection:
         return sizes["dp"], sizes["fsdp"], sizes["tp"]
 
 
+DistributedInit = Literal["auto", "on", "off"]
+
+
+@dataclass(slots=True)
+class DistributedSection:
+    """Multi-process runs (several hosts, or one process per accelerator) under jax.distributed.
+
+    Attributes:
+      initialize: `auto` calls jax.distributed.initialize when coordinator_address or
+        num_processes is set (here or as JAX_COORDINATOR_ADDRESS / JAX_NUM_PROCESSES) or a
+        multi-process SLURM, Open MPI or multi-host TPU job is detected; `on` always calls it
+        (JAX fills unset values from the cluster, e.g. on TPU pods); `off` never does.
+      coordinator_address: host:port of process 0, reachable from every process; null reads
+        JAX_COORDINATOR_ADDRESS or lets JAX detect it.
+      num_processes: processes in the job; null reads JAX_NUM_PROCESSES or lets JAX detect it.
+      process_id: this process's index, 0..num_processes-1; null reads JAX_PROCESS_ID or lets JAX
+        detect it (usually given on the command line: --distributed.process_id=$RANK).
+    """
+
+    initialize: DistributedInit = "auto"
+    coordinator_address: str | None = None
+    num_processes: int | None = None
+    process_id: int | None = None
+
+
 SECTIONS: dict[str, type] = {
     "model": ModelSection,
     "data": DataConfig,
@@ -342,6 +367,7 @@ SECTIONS: dict[str, type] = {
     "checkpoint": CheckpointSection,
     "logging": LoggingSection,
     "mesh": MeshSection,
+    "distributed": DistributedSection,
 }
 ALIASES: dict[str, str] = {"max_length": "max_sequence_length"}
 _HINTS = {name: typing.get_type_hints(cls) for name, cls in SECTIONS.items()}
@@ -487,6 +513,7 @@ class RewardConfig:
     checkpoint: CheckpointSection
     logging: LoggingSection
     mesh: MeshSection
+    distributed: DistributedSection
 
     def __init__(
         self,
@@ -498,6 +525,7 @@ class RewardConfig:
         checkpoint: CheckpointSection | Mapping[str, Any] | None = None,
         logging: LoggingSection | Mapping[str, Any] | None = None,
         mesh: MeshSection | Mapping[str, Any] | None = None,
+        distributed: DistributedSection | Mapping[str, Any] | None = None,
         **fields: Any,
     ) -> None:
         given = {
@@ -509,6 +537,7 @@ class RewardConfig:
             "checkpoint": checkpoint,
             "logging": logging,
             "mesh": mesh,
+            "distributed": distributed,
         }
         for section, value in _build_sections(given, fields).items():
             object.__setattr__(self, section, value)
@@ -773,4 +802,18 @@ def _problems(config: RewardConfig, num_devices: int, num_processes: int) -> lis
             f"{num_processes} processes, so they cannot each load a slice of every batch; "
             "raise mesh.dp or mesh.fsdp (lower mesh.tp)",
         )
+    dist = config.distributed
+    need(
+        dist.num_processes is None or dist.num_processes >= 1,
+        f"distributed.num_processes={dist.num_processes} must be at least 1, or null",
+    )
+    need(
+        dist.process_id is None
+        or (
+            dist.process_id >= 0
+            and (dist.num_processes is None or dist.process_id < dist.num_processes)
+        ),
+        f"distributed.process_id={dist.process_id} must be in 0..num_processes-1 "
+        f"(num_processes={dist.num_processes})",
+    )
     return out

@@ -20,6 +20,7 @@ import jax
 import numpy as np
 
 from rewardax import data as rdata
+from rewardax import distributed
 from rewardax.checkpoint import CHECKPOINT_SUBDIR, TrainCheckpointer
 from rewardax.config import RewardConfig
 from rewardax.errors import ConfigError, NonFiniteError
@@ -27,7 +28,14 @@ from rewardax.evaluation import preference_metrics, reward_normalization
 from rewardax.logging import MetricsLogger
 from rewardax.models import AutoRewardModel, RewardModel, smollm2_gguf_path
 from rewardax.optim import build_optimizer, build_schedule
-from rewardax.sharding import batch_sharding, make_mesh, replicated, state_shardings
+from rewardax.sharding import (
+    batch_sharding,
+    global_batch,
+    make_mesh,
+    optimizer_state_shardings,
+    replicated,
+    state_shardings,
+)
 from rewardax.state import RewardState
 from rewardax.steps import make_eval_step, make_train_step
 
@@ -93,11 +101,14 @@ class RewardTrainer:
         self.config = arguments
         self.tokenizer = processing_class
         self.data_collator = data_collator
+        # Multi-process jobs join jax.distributed here, before the first device query (a no-op
+        # when already initialized or when nothing asks for several processes).
+        distributed.initialize(arguments)
         self.process_index = jax.process_index()
         self.process_count = jax.process_count()
 
         cfg = self.config
-        cfg.validate(num_devices=jax.device_count())
+        cfg.validate(num_devices=jax.device_count(), num_processes=self.process_count)
         dp, fsdp, tp = cfg.mesh.resolve(jax.device_count())
         self.mesh = make_mesh(dp, fsdp, tp)
         self.data_parallel_size = dp * fsdp
@@ -135,7 +146,7 @@ class RewardTrainer:
         if self.config.checkpoint.run_name:
             return self.config.checkpoint.run_name
         settings = self.config.to_dict()
-        for section in ("checkpoint", "logging", "eval", "mesh"):
+        for section in ("checkpoint", "logging", "eval", "mesh", "distributed"):
             settings.pop(section, None)
         for length_only in ("max_training_steps", "num_train_epochs"):
             settings["train"].pop(length_only, None)
@@ -161,6 +172,8 @@ class RewardTrainer:
                 "train.max_training_steps"
             )
         per_epoch = self.train_loader.local_rows // self.train_loader.batch_size
+        # Processes' slices differ by up to one row; all must run the same number of steps.
+        per_epoch = -distributed.agree_max(-per_epoch)
         if per_epoch == 0:
             raise ConfigError(
                 f"the training data holds fewer pairs than one step needs ({self.step_batch_size} "
@@ -193,7 +206,11 @@ class RewardTrainer:
         param_shardings = state_shardings(state.params, self.mesh)
         params = jax.device_put(state.params, param_shardings)
         rest = jax.device_put(state.rest, replicated(self.mesh))
-        opt_state = jax.jit(self.optimizer.init)(params) if _is_fresh(state) else state.opt_state
+        opt_shardings = optimizer_state_shardings(self.optimizer, state.params, self.mesh)
+        if _is_fresh(state):
+            opt_state = jax.jit(self.optimizer.init, out_shardings=opt_shardings)(params)
+        else:
+            opt_state = jax.device_put(state.opt_state, opt_shardings)
         return RewardState(
             graphdef=state.graphdef,
             params=params,
@@ -290,8 +307,9 @@ class RewardTrainer:
             if cfg.eval.eval_at_start and start_step == 0 and self.eval_sets:
                 final_metrics["eval_before"] = self._evaluate_and_log(logger, step=0)
             arrays = self.state.arrays()
-            data = batch_sharding(self.mesh)
-            iterator = iter(self.train_loader)
+            iterator = distributed.lockstep(
+                self.train_loader, self.train_loader.batch_size, self.train_loader.pad_id
+            )
             skipped = int(self._skipped_steps)
             window_start, window_pairs, window_tokens = time.perf_counter(), 0.0, 0.0
             last_saved = start_step
@@ -301,7 +319,7 @@ class RewardTrainer:
                     stopped_early = True
                     break
                 host_batch = next(iterator)
-                batch = jax.device_put(_model_inputs(host_batch), data)
+                batch = global_batch(_model_inputs(host_batch), self.mesh)
                 arrays, metrics = fns.train_step(arrays, batch)
                 metrics = jax.device_get(metrics)
                 step += 1
@@ -319,6 +337,7 @@ class RewardTrainer:
                 window_tokens += float(np.sum(host_batch["attention_mask"]))
                 if step % cfg.logging.logging_steps == 0 or step == self.total_steps:
                     elapsed = max(time.perf_counter() - window_start, 1e-9)
+                    window_tokens = distributed.process_sum(window_tokens)  # this process's only
                     row = {k: float(v) for k, v in metrics.items()}
                     row.update(
                         pairs_per_second=window_pairs / elapsed,
@@ -376,8 +395,13 @@ class RewardTrainer:
         extra = {"rewardax": {"trained_steps": step}}
         if normalization is not None:
             extra["rewardax"]["reward_normalization"] = normalization
+        model = self.state.model
+        if self.process_count > 1:
+            # Parameters sharded over several processes: gather them (a collective) first.
+            params = distributed.gather_to_host(self.state.params)
+            model = self.state.replace_arrays({**self.state.arrays(), "params": params}).model
         if self.process_index == 0:
-            self.state.model.save_pretrained(
+            model.save_pretrained(
                 export_dir, tokenizer=self.tokenizer, extra_config=extra, overwrite=True
             )
         return export_dir
@@ -391,33 +415,41 @@ class RewardTrainer:
             raise ConfigError("evaluate() needs an eval_dataset (here or in the constructor)")
         fns = self.configure_functions()
         arrays = self.state.arrays()
-        data = batch_sharding(self.mesh)
         results, self._last_rewards = {}, {}
         batch_size = self.config.train.per_device_eval_batch_size * self.data_parallel_size
+        local_batch_size = batch_size // self.process_count  # each process reads its own rows
+        mine = distributed.local_row_indices(batch_sharding(self.mesh), batch_size)
         for name, source in sets.items():
-            parts: dict[str, list[np.ndarray]] = {k: [] for k in _EVAL_FIELDS}
-            for host_batch in rdata.iterate_eval_batches(
+            parts: dict[str, list[np.ndarray]] = {k: [] for k in (*_EVAL_FIELDS, "pair_mask")}
+            batches = rdata.iterate_eval_batches(
                 source,
                 self.tokenizer,
                 self.config.data,
-                batch_size=batch_size,
+                batch_size=local_batch_size,
                 process_index=self.process_index,
                 process_count=self.process_count,
-            ):
-                out = jax.device_get(
-                    fns.eval_step(arrays, jax.device_put(_model_inputs(host_batch), data))
-                )
-                real = np.asarray(host_batch["pair_mask"]) > 0
-                lengths = np.asarray(host_batch["attention_mask"]).sum(-1)[real]
-                parts["row_index"].append(np.asarray(host_batch["row_index"])[real])
-                parts["chosen"].append(np.asarray(out["chosen"])[real])
-                parts["rejected"].append(np.asarray(out["rejected"])[real])
-                parts["margin"].append(np.asarray(host_batch["margin"])[real])
+            )
+            pad_id = rdata.pad_token_id(self.tokenizer)
+            for host_batch in distributed.lockstep(batches, local_batch_size, pad_id):
+                batch = global_batch(_model_inputs(host_batch), self.mesh)
+                # The outputs are replicated: keep the rows this process supplied.
+                out = jax.device_get(fns.eval_step(arrays, batch))
+                lengths = np.asarray(host_batch["attention_mask"]).sum(-1)
+                parts["pair_mask"].append(np.asarray(host_batch["pair_mask"]))
+                parts["row_index"].append(np.asarray(host_batch["row_index"]))
+                parts["chosen"].append(np.asarray(out["chosen"])[mine])
+                parts["rejected"].append(np.asarray(out["rejected"])[mine])
+                parts["margin"].append(np.asarray(host_batch["margin"]))
                 parts["chosen_lengths"].append(lengths[:, 0])
                 parts["rejected_lengths"].append(lengths[:, 1])
+            # Every process ran the same steps, so the parts line up: gather them all.
+            gathered = {
+                k: distributed.allgather(np.concatenate(v)).reshape(-1) for k, v in parts.items()
+            }
+            real = gathered.pop("pair_mask") > 0
             # Batches are grouped by length; put the pairs back in the order of the source rows.
-            order = np.argsort(np.concatenate(parts["row_index"]), kind="stable")
-            rewards = {k: np.concatenate(v)[order] for k, v in parts.items()}
+            order = np.argsort(gathered["row_index"][real], kind="stable")
+            rewards = {k: v[real][order] for k, v in gathered.items()}
             self._last_rewards[name] = rewards
             results[name] = preference_metrics(
                 rewards["chosen"],
@@ -438,8 +470,12 @@ class RewardTrainer:
     # -------------------------------------------------------------------------- checkpoints
 
     def _save(self, ckpt: TrainCheckpointer, step: int) -> None:
+        data_state = self.train_loader.get_state()
+        if self.process_count > 1:
+            # Each process reads its own rows: keep every process's position (a collective).
+            data_state = {"per_process": distributed.gather_json(data_state)}
         extra = {
-            "data_state": self.train_loader.get_state(),
+            "data_state": data_state,
             "config": self.config.to_dict(),
             # The architecture, so `rewardax export` rebuilds the model from the checkpoint alone.
             "model_config": self.model_config.to_hf_dict(),
@@ -457,7 +493,17 @@ class RewardTrainer:
             return 0
         step, arrays, extra = restored
         self.state = self.state.replace_arrays(arrays)
-        self.train_loader.set_state(extra["data_state"])
+        data_state = extra["data_state"]
+        if "per_process" in data_state:
+            states = data_state["per_process"]
+            if len(states) != self.process_count:
+                raise ConfigError(
+                    f"the checkpoint was written by {len(states)} processes and this run has "
+                    f"{self.process_count}; the data order cannot be continued. Resume with "
+                    f"{len(states)} processes, or start a new run (checkpoint.resume=off)"
+                )
+            data_state = states[self.process_index]
+        self.train_loader.set_state(data_state)
         self._skipped_steps = int(extra.get("skipped_steps", 0))
         return int(step)
 

@@ -1,0 +1,164 @@
+"""Multi-process training under jax.distributed on localhost (CPU collectives: gloo), against one
+process holding the same number of devices; plus the single-process behaviour of the helpers."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import jax
+import numpy as np
+import pytest
+
+from rewardax import distributed
+from rewardax.config import DistributedSection, RewardConfig
+from rewardax.errors import ConfigError
+from rewardax.sharding import batch_sharding, make_mesh
+
+WORKER = Path(__file__).with_name("scale_worker.py")
+TIMEOUT = 600
+
+
+# ---- helpers on one process -----------------------------------------------------------------------
+
+
+def test_initialize_is_a_no_op_without_multi_process_settings(monkeypatch):
+    for name in ("JAX_COORDINATOR_ADDRESS", "JAX_NUM_PROCESSES", "SLURM_JOB_ID"):
+        monkeypatch.delenv(name, raising=False)
+    info = distributed.initialize(RewardConfig())
+    assert (info.process_index, info.process_count) == (0, 1)
+    assert info.device_count == jax.device_count()
+    assert distributed.initialize(DistributedSection(num_processes=1)).process_count == 1
+
+
+def test_initialize_after_jax_started_is_an_error_that_says_what_to_do(monkeypatch):
+    monkeypatch.delenv("JAX_COORDINATOR_ADDRESS", raising=False)
+    jax.devices()  # JAX has started in this process
+    settings = DistributedSection(coordinator_address="localhost:1", num_processes=2, process_id=0)
+    with pytest.raises(ConfigError, match="before building or loading the model"):
+        distributed.initialize(settings)
+    monkeypatch.setenv("JAX_NUM_PROCESSES", "two")
+    with pytest.raises(ConfigError, match=r"JAX_NUM_PROCESSES='two' must be an integer"):
+        distributed.initialize()
+
+
+def test_distributed_section_is_checked_and_kept_out_of_the_run_name():
+    with pytest.raises(ConfigError, match=r"process_id=2 must be in 0\.\.num_processes-1"):
+        RewardConfig(distributed={"num_processes": 2, "process_id": 2}).validate()
+    config = RewardConfig.from_dict({"distributed": {"process_id": 1, "num_processes": 4}})
+    assert config.distributed.process_id == 1 and config.num_processes == 4
+
+
+def test_pad_to_length_and_padding_batches():
+    batch = {
+        "input_ids": np.full((2, 2, 3), 7, np.int32),
+        "attention_mask": np.ones((2, 2, 3), np.int32),
+        "reward_index": np.full((2, 2), 2, np.int32),
+        "margin": np.zeros(2, np.float32),
+        "pair_mask": np.ones(2, np.float32),
+    }
+    padded = distributed.pad_to_length(batch, 5, pad_id=0)
+    assert padded["input_ids"].shape == (2, 2, 5)
+    assert padded["input_ids"][0, 0].tolist() == [7, 7, 7, 0, 0]
+    assert padded["attention_mask"][0, 0].tolist() == [1, 1, 1, 0, 0]
+    assert padded["reward_index"].tolist() == batch["reward_index"].tolist()
+    empty = distributed.padding_batch(4, 5, [*batch, "row_index"])
+    assert empty["input_ids"].shape == (4, 2, 5) and empty["pair_mask"].sum() == 0
+    assert empty["row_index"].tolist() == [-1] * 4
+    with pytest.raises(ValueError):
+        distributed.pad_to_length(padded, 3, pad_id=0)
+
+
+def test_single_process_collectives_are_identities():
+    assert distributed.agree_max(5) == 5
+    assert distributed.process_sum(2.5) == 2.5
+    assert distributed.gather_json({"a": [1, 2]}) == [{"a": [1, 2]}]
+    n = jax.device_count()
+    sharding = batch_sharding(make_mesh(n, 1, 1))
+    assert distributed.local_row_indices(sharding, 4 * n).tolist() == list(range(4 * n))
+    batches = [{"input_ids": np.zeros((1, 2, t), np.int32)} for t in (3, 5)]
+    out = list(distributed.lockstep(batches, 1, pad_id=0))
+    assert [b["input_ids"].shape[-1] for b in out] == [3, 5]  # one process: nothing to agree on
+
+
+# ---- 2 processes x 2 devices vs 1 process x 4 devices ---------------------------------------------
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def launch(out: Path, workdir: Path, devices: int, extra: list[str]) -> subprocess.Popen:
+    env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
+    for name in ("JAX_COORDINATOR_ADDRESS", "JAX_NUM_PROCESSES", "JAX_PROCESS_ID"):
+        env.pop(name, None)
+    cmd = [sys.executable, str(WORKER), "train_distributed", str(out), "--devices", str(devices)]
+    cmd += ["--workdir", str(workdir), *extra]
+    return subprocess.Popen(
+        cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env
+    )
+
+
+def finish(procs: list[subprocess.Popen]) -> None:
+    errors = []
+    try:
+        for proc in procs:
+            _, err = proc.communicate(timeout=TIMEOUT)
+            if proc.returncode != 0:
+                errors.append(err[-4000:])
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                proc.kill()
+    assert not errors, "\n----\n".join(errors)
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    root = tmp_path_factory.mktemp("multiprocess")
+    address = f"127.0.0.1:{free_port()}"
+    multi = [
+        launch(
+            root / "multi.json",
+            root / "multi",
+            2,
+            ["--coordinator", address, "--num-processes", "2", "--process-id", str(i)],
+        )
+        for i in range(2)
+    ]
+    finish(multi)
+    finish([launch(root / "single.json", root / "single", 4, [])])
+    return (
+        json.loads((root / "single.json").read_text()),
+        json.loads((root / "multi.json").read_text()),
+    )
+
+
+@pytest.mark.slow
+def test_two_processes_train_like_one_process_with_the_same_devices(runs):
+    single, multi = runs
+    assert (single["process_count"], single["device_count"]) == (1, 4)
+    assert (multi["process_count"], multi["device_count"], multi["local_device_count"]) == (2, 4, 2)
+    assert len(multi["losses"]) == len(single["losses"]) == 5
+    np.testing.assert_allclose(multi["losses"], single["losses"], rtol=0, atol=1e-5)
+    assert single["losses"][-1] < single["losses"][0]
+    assert multi["params"].keys() == single["params"].keys()
+    for key in single["params"]:
+        np.testing.assert_allclose(multi["params"][key], single["params"][key], atol=1e-4)
+
+
+@pytest.mark.slow
+def test_two_processes_evaluate_every_pair_once_and_checkpoint(runs):
+    single, multi = runs
+    # 13 pairs: one process reads 7 rows, the other 6, in batches of 2 (the last ones padded).
+    assert multi["eval_num_pairs"] == single["eval_num_pairs"] == 13
+    np.testing.assert_allclose(multi["eval_chosen"], single["eval_chosen"], atol=1e-5)
+    np.testing.assert_allclose(multi["eval_rejected"], single["eval_rejected"], atol=1e-5)
+    assert multi["eval_accuracy"] == single["eval_accuracy"]
+    assert multi["checkpoints"] == [5] and multi["export_exists"]
