@@ -17,7 +17,9 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 import jax
+import jax.numpy as jnp
 import numpy as np
+from flax import nnx
 
 from rewardax import data as rdata
 from rewardax import distributed
@@ -198,7 +200,17 @@ class RewardTrainer:
         if isinstance(model, RewardState):
             state = model
         else:
-            state = RewardState.create(model, self.optimizer, seed=cfg.train.seed)
+            # Not RewardState.create: its eager optimizer.init would build the moments unsharded
+            # on one device (3x the parameters' memory with Adam) before _shard_state shards them.
+            graphdef, params, rest = nnx.split(model, nnx.Param, ...)
+            state = RewardState(
+                graphdef=graphdef,
+                params=params,
+                rest=rest,
+                opt_state=None,
+                step=jnp.asarray(0, jnp.int32),
+                rng=jax.random.key_data(jax.random.key(cfg.train.seed)),
+            )
         return self._shard_state(state)
 
     def _shard_state(self, state: RewardState) -> RewardState:
@@ -315,7 +327,7 @@ class RewardTrainer:
             last_saved = start_step
             step = start_step
             while step < self.total_steps:
-                if self._stop_signal is not None:
+                if self._stop_requested():
                     stopped_early = True
                     break
                 host_batch = next(iterator)
@@ -378,6 +390,14 @@ class RewardTrainer:
             logger.close()
 
     _skipped_steps = 0
+
+    def _stop_requested(self) -> bool:
+        """True once a stop signal arrived, on every process at the same step: a scheduler signals
+        processes at slightly different moments, and one stopping alone would hang the others."""
+        local = self._stop_signal is not None
+        if self.process_count == 1:
+            return local
+        return distributed.agree_max(int(local)) > 0
 
     def _finish(self, logger: MetricsLogger, final_metrics: dict, step: int) -> Path:
         """Final evaluation, reward statistics for normalisation, and the Hugging Face export."""
