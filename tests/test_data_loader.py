@@ -259,3 +259,22 @@ def test_default_ladder_pads_close_to_the_pair_layout_ceiling(tok):
     )
     list(old)
     assert loader.stats.padding_efficiency > old.stats.padding_efficiency + 0.15
+
+
+def test_dropped_remainder_is_random_not_the_longest_pairs():
+    from rewardax.data.batching import group_by_length
+
+    records = [
+        {"chosen_input_ids": np.zeros(n, np.int32), "rejected_input_ids": np.zeros(1, np.int32)}
+        for n in range(1, 38)
+    ]
+    longest_dropped = 0
+    for seed in range(20):
+        groups = group_by_length(records, 4, np.random.default_rng(seed))
+        assert [len(g) for g in groups] == [4] * 9 + [1]
+        assert sorted(len(r["chosen_input_ids"]) for g in groups for r in g) == list(range(1, 38))
+        longest_dropped += len(groups[-1][0]["chosen_input_ids"]) == 37
+    assert longest_dropped < 5  # cut from the sorted end it would be 20 of 20
+    # Without an rng (eval: nothing is dropped) the batches stay sorted, the partial one last.
+    plain = group_by_length(records, 4, None)
+    assert [len(r["chosen_input_ids"]) for r in plain[-1]] == [37]

@@ -31,19 +31,28 @@ def group_by_length(
     """Sort a window's records by length and cut them into batches (the last one may be partial).
 
     Full batches come out in a seeded random order (rng None: shortest first), so a run does not see
-    lengths grow steadily within each window.
+    lengths grow steadily within each window. With an rng, the partial batch (which the training
+    loader drops at an epoch's end) is drawn at random from the window before sorting; cut from
+    the sorted end it would always be the window's longest pairs, a length bias.
     """
-    order = sorted(
-        range(len(records)),
-        key=lambda i: (
-            max(len(records[i]["chosen_input_ids"]), len(records[i]["rejected_input_ids"])),
-            i,
-        ),
-    )
-    ordered = [records[i] for i in order]
+    extra = len(records) % batch_size
+    rest = list(range(len(records)))
+    partial: list[int] = []
+    if rng is not None and extra and len(records) > batch_size:
+        chosen = set(rng.choice(len(records), size=extra, replace=False).tolist())
+        partial = [i for i in rest if i in chosen]
+        rest = [i for i in rest if i not in chosen]
+
+    def length(i: int) -> tuple[int, int]:
+        r = records[i]
+        return (max(len(r["chosen_input_ids"]), len(r["rejected_input_ids"])), i)
+
+    ordered = [records[i] for i in sorted(rest, key=length)]
     batches = [ordered[i : i + batch_size] for i in range(0, len(ordered), batch_size)]
     full = [b for b in batches if len(b) == batch_size]
-    partial = [b for b in batches if len(b) < batch_size]
+    tail = [b for b in batches if len(b) < batch_size]
+    if partial:
+        tail = [[records[i] for i in sorted(partial, key=length)]]
     if rng is not None and len(full) > 1:
         full = [full[i] for i in rng.permutation(len(full))]
-    return full + partial
+    return full + tail
