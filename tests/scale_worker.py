@@ -307,6 +307,16 @@ def case_train_distributed() -> dict:
     result = trainer.train()
     params = leaves(trainer.state.params)
     rewards = trainer._last_rewards["heldout"]
+    # Resume: every process gets back its own data position from the checkpoint.
+    again = rx.RewardTrainer(
+        config.with_overrides(["checkpoint.resume=auto"]),
+        tok,
+        model=tiny_model(),
+        train_dataset=pairs(64),
+    )
+    resumed = again._maybe_resume(again.configure_functions().checkpoint_manager)
+    position = again.train_loader.get_state()["position"]
+    positions = distributed.gather_json([position, trainer.train_loader.get_state()["position"]])
     return {
         "process_count": info.process_count,
         "device_count": info.device_count,
@@ -319,6 +329,8 @@ def case_train_distributed() -> dict:
         "checkpoints": trainer.configure_functions().checkpoint_manager.steps(),
         "params": {k: v.ravel().tolist() for k, v in params.items()},
         "export_exists": (result.run_dir / "export" / "config.json").exists(),
+        "resumed_step": resumed,
+        "resumed_positions": positions,  # per process: [restored, at the end of training]
     }
 
 

@@ -154,7 +154,7 @@ def test_two_processes_train_like_one_process_with_the_same_devices(runs):
 
 
 @pytest.mark.slow
-def test_two_processes_evaluate_every_pair_once_and_checkpoint(runs):
+def test_two_processes_evaluate_every_pair_once_checkpoint_and_resume(runs):
     single, multi = runs
     # 13 pairs: one process reads 7 rows, the other 6, in batches of 2 (the last ones padded).
     assert multi["eval_num_pairs"] == single["eval_num_pairs"] == 13
@@ -162,3 +162,8 @@ def test_two_processes_evaluate_every_pair_once_and_checkpoint(runs):
     np.testing.assert_allclose(multi["eval_rejected"], single["eval_rejected"], atol=1e-5)
     assert multi["eval_accuracy"] == single["eval_accuracy"]
     assert multi["checkpoints"] == [5] and multi["export_exists"]
+    # Each process resumes at its own data position (they read different rows).
+    assert multi["resumed_step"] == 5
+    assert len(multi["resumed_positions"]) == 2
+    for restored, at_end in multi["resumed_positions"]:
+        assert restored == at_end > 0
