@@ -124,7 +124,10 @@ def test_eval_counts_every_pair_once_and_export_matches(tokenizer, tmp_path):
     assert metrics["heldout"]["num_pairs"] == 37
     assert metrics["again"]["num_pairs"] == 9
     rewards = trainer._last_rewards["heldout"]
-    np.testing.assert_allclose(rewards["chosen"][:9], trainer._last_rewards["again"]["chosen"])
+    # Same pairs in other batches (other neighbours and padded lengths): equal up to float32 noise.
+    np.testing.assert_allclose(
+        rewards["chosen"][:9], trainer._last_rewards["again"]["chosen"], atol=1e-6
+    )
 
     config = json.loads((result.export_dir / "config.json").read_text())
     stats = config["rewardax"]["reward_normalization"]
