@@ -174,3 +174,31 @@ def test_load_tokenizer_sets_missing_pad_to_eos(tmp_path):
     assert loaded.is_fast and loaded.pad_token == "</s>" and loaded.pad_token_id == EOS
     with pytest.raises(ModelLoadError, match="does not exist"):
         load_tokenizer(tmp_path / "missing")
+
+
+def test_export_pads_with_a_token_other_than_eos_so_transformers_reads_the_right_token(tmp_path):
+    """TRL's and transformers' pooling read the last token that is not the pad id: with pad == EOS
+    (SmolLM2, Llama 3) a response ending in EOS would be read one token early. The export pads
+    with unk instead, and transformers' own forward then agrees with ours."""
+    model = scrambled_model("llama")
+    tok = transformers.PreTrainedTokenizerFast(
+        tokenizer_object=_tiny_tokenizer(), eos_token="</s>", pad_token="</s>", unk_token="<unk>"
+    )
+    out = model.save_pretrained(tmp_path / "rm", tokenizer=tok)
+    assert tok.pad_token == "</s>"  # the caller's tokenizer is untouched
+    assert json.loads((out / "config.json").read_text())["pad_token_id"] == 0
+    exported_tok = load_tokenizer(out)
+    assert exported_tok.pad_token == "<unk>" and exported_tok.eos_token == "</s>"
+
+    rows = random_rows(14, [9, 4, 6])  # every row ends with EOS
+    ids, _ = pad_rows(rows, "right", pad_id=exported_tok.pad_token_id)
+    hf = _hf_load(out)
+    with torch.no_grad():
+        theirs = hf(input_ids=torch.tensor(ids)).logits.numpy()
+    np.testing.assert_allclose(theirs, _ours(model, rows), atol=1e-4, rtol=0)
+    # With pad == EOS, transformers reads one token early: the trap this export avoids.
+    eos_ids, _ = pad_rows(rows, "right", pad_id=EOS)
+    hf.config.pad_token_id = EOS
+    with torch.no_grad():
+        trapped = hf(input_ids=torch.tensor(eos_ids)).logits.numpy()
+    assert np.abs(trapped - _ours(model, rows)).max() > 1e-2

@@ -7,6 +7,7 @@ the target dtype, and placed; host memory peaks at about one model copy plus one
 
 from __future__ import annotations
 
+import copy
 import json
 import math
 import os
@@ -311,6 +312,30 @@ def _hf_tensors(model: RewardModel) -> Iterator[tuple[str, np.ndarray]]:
         yield spec.hf_name, to_hf(spec, np.asarray(jax.device_get(value)))
 
 
+def _pad_distinct_from_eos(tokenizer: Any) -> Any:
+    """A copy of `tokenizer` whose pad token is not its EOS token, when it can be arranged.
+
+    transformers' `*ForSequenceClassification` reads the reward at the last token that is not
+    `pad_token_id`; with pad == EOS (SmolLM2, Llama 3) a response ending in EOS is read one token
+    early. rewardax never searches for the pad id, but the exported model is loaded by others:
+    pad with an existing special token that ends no response (unk, else bos). The caller's
+    tokenizer is not modified.
+    """
+    if tokenizer is None or getattr(tokenizer, "pad_token_id", None) is None:
+        return tokenizer
+    eos = getattr(tokenizer, "eos_token_id", None)
+    if tokenizer.pad_token_id != eos:
+        return tokenizer
+    for name in ("unk_token", "bos_token"):
+        token = getattr(tokenizer, name, None)
+        token_id = getattr(tokenizer, f"{name}_id", None)
+        if token is not None and token_id is not None and token_id != eos:
+            distinct = copy.deepcopy(tokenizer)
+            distinct.pad_token = token
+            return distinct
+    return tokenizer
+
+
 def save_pretrained(
     model: RewardModel,
     directory: str | Path,
@@ -341,6 +366,7 @@ def save_pretrained(
     tmp = Path(tempfile.mkdtemp(prefix=f".{directory.name}.tmp-", dir=directory.parent))
     try:
         hf_config = model.config.to_hf_dict(for_sequence_classification=True)
+        tokenizer = _pad_distinct_from_eos(tokenizer)
         if tokenizer is not None and getattr(tokenizer, "pad_token_id", None) is not None:
             hf_config["pad_token_id"] = int(tokenizer.pad_token_id)
         hf_config["dtype"] = model.param_dtype.name
