@@ -23,12 +23,21 @@ DEFAULT_EVAL = {"heldout": str(ASSETS / "vader_movie_pairs.heldout.jsonl")}
 DEFAULT_CONFIG = str(CONFIGS / "default.yaml")
 
 
+def _is_primary() -> bool:
+    """Only process 0 of a multi-process job prints (all of them run the same command)."""
+    import jax
+
+    return not jax.distributed.is_initialized() or jax.process_index() == 0
+
+
 def _log(message: str) -> None:
-    print(message, file=sys.stderr, flush=True)
+    if _is_primary():
+        print(message, file=sys.stderr, flush=True)
 
 
 def _emit(summary: dict[str, Any]) -> None:
-    print(json.dumps(summary, sort_keys=True), flush=True)
+    if _is_primary():
+        print(json.dumps(summary, sort_keys=True), flush=True)
 
 
 def local_model_path(path: str) -> str:
@@ -100,12 +109,16 @@ def _overrides(extra: list[str]) -> list[str]:
 
 
 def cmd_train(args: argparse.Namespace, extra: list[str]) -> dict[str, Any]:
+    from rewardax import distributed
     from rewardax.config import RewardConfig
     from rewardax.models import load_tokenizer, smollm2_gguf_path
     from rewardax.trainer import RewardTrainer
 
     start = time.perf_counter()
     config = RewardConfig.from_yaml(args.config or DEFAULT_CONFIG, _overrides(extra))
+    # Join a multi-process job before anything touches a device (and before logging, so only
+    # process 0 prints).
+    distributed.initialize(config)
     train_file = args.train or DEFAULT_TRAIN
     eval_sets = _parse_eval(args.eval) if args.eval else ({} if args.train else DEFAULT_EVAL)
     model_path = local_model_path(config.model.path) if config.model.path else smollm2_gguf_path()
