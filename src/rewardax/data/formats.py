@@ -264,6 +264,27 @@ def _common_prefix(a: str | list, b: str | list) -> int:
     return min(i, max(n - 1, 0))
 
 
+_TEMPLATE_CONTROLS = frozenset(
+    {
+        "chat_template",
+        "conversation",
+        "tools",
+        "documents",
+        "add_generation_prompt",
+        "continue_final_message",
+        "tokenize",
+        "padding",
+        "truncation",
+        "max_length",
+        "return_tensors",
+        "return_dict",
+        "return_assistant_tokens_mask",
+        "tokenizer_kwargs",
+        "sanitize_control_tokens",
+    }
+)
+
+
 def _chat_extras(row: dict) -> tuple[Any, dict]:
     tools = row.get("tools")
     if isinstance(tools, str):
@@ -281,6 +302,16 @@ def _chat_extras(row: dict) -> tuple[Any, dict]:
     if not isinstance(kwargs, dict):
         raise InvalidRow(
             "wrong_type", "chat_template_kwargs", f"expected a dict, got {_describe(kwargs)}"
+        )
+    # Template variables only: a row must not swap the template (`chat_template`) or change how
+    # apply_chat_template runs (tokenize, return_dict, ...); data is text, never a program.
+    if controls := sorted(
+        str(k) for k in kwargs if k in _TEMPLATE_CONTROLS or not isinstance(k, str)
+    ):
+        raise InvalidRow(
+            "bad_template_kwargs",
+            "chat_template_kwargs",
+            f"expected template variables, got apply_chat_template setting(s) {controls}",
         )
     return tools or None, kwargs
 
