@@ -33,7 +33,13 @@ from flax import nnx
 
 from rewardax.data.collate import default_bucket_lengths
 from rewardax.data.config import DataConfig
-from rewardax.data.formats import InvalidRow, NormalizedPair, _chat_extras, _messages
+from rewardax.data.formats import (
+    InvalidRow,
+    NormalizedPair,
+    _chat_extras,
+    _check_encodable,
+    _messages,
+)
 from rewardax.data.tokenize import PairEncoder, _Filtered, _Sequence, pad_token_id
 from rewardax.errors import ConfigError, DataError, ModelLoadError
 
@@ -113,17 +119,21 @@ class ResponseEncoder:
     def _row_sequence(self, row: Any) -> _Sequence:
         if not isinstance(row, dict):
             raise InvalidRow("wrong_type", "<row>", f"expected an object, got {type(row).__name__}")
+        # A lone surrogate (a JSON "\\ud800" escape) would crash the tokenizer in Rust.
+        _check_encodable(row, "")
         if row.get("messages") is not None:
             messages = _messages(row["messages"], "messages", response=True)
             return self._chat_sequence(messages, row)
         if row.get("input_ids") is not None:
             ids = row["input_ids"]
-            try:
-                ids = [int(t) for t in ids]
-            except (TypeError, ValueError):
-                raise InvalidRow(
-                    "wrong_type", "input_ids", "expected a list of integer token ids"
-                ) from None
+            if isinstance(ids, np.ndarray) and np.issubdtype(ids.dtype, np.integer):
+                ids = ids.tolist()
+            # Integers only: int() would also take "12" (a string of digits), True, 3.7 or inf.
+            if not isinstance(ids, list | tuple) or not all(
+                isinstance(t, int | np.integer) and not isinstance(t, bool) for t in ids
+            ):
+                raise InvalidRow("wrong_type", "input_ids", "expected a list of integer token ids")
+            ids = [int(t) for t in ids]
             bad = [t for t in ids if not 0 <= t < self.encoder.vocab_size]
             if not ids or bad:
                 raise InvalidRow(
@@ -247,9 +257,16 @@ def iter_rows(path: str | os.PathLike, read_batch: int = 1024) -> Iterator[tuple
                 yield row, f"{path} (row {index})"
                 index += 1
         return
-    with open(path, encoding="utf-8") as fh:
+    # Bytes, decoded line by line: an invalid UTF-8 line is then reported with its number.
+    with open(path, "rb") as fh:
         index = 0
-        for number, line in enumerate(fh, start=1):
+        for number, raw in enumerate(fh, start=1):
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError as error:
+                raise DataError(
+                    f"{path}:{number} (row {index}): not valid UTF-8 ({error})"
+                ) from None
             if not line.strip():
                 continue
             try:
@@ -257,6 +274,10 @@ def iter_rows(path: str | os.PathLike, read_batch: int = 1024) -> Iterator[tuple
             except json.JSONDecodeError as error:
                 raise DataError(
                     f"{path}:{number} (row {index}): not valid JSON ({error})"
+                ) from None
+            except RecursionError:
+                raise DataError(
+                    f"{path}:{number} (row {index}): JSON nested too deeply to read"
                 ) from None
             yield row, f"{path}:{number} (row {index})"
             index += 1
@@ -286,7 +307,12 @@ class _Writer:
     def write(self, rows: list[dict]) -> None:
         if not self.parquet:
             for row in rows:
-                self._fh.write(json.dumps(row, ensure_ascii=False) + "\n")
+                line = json.dumps(row, ensure_ascii=False)
+                try:
+                    line.encode("utf-8")
+                except UnicodeEncodeError:  # a lone surrogate in a carried column: keep it escaped
+                    line = json.dumps(row)
+                self._fh.write(line + "\n")
             return
         import pyarrow as pa
         import pyarrow.parquet as pq
@@ -336,7 +362,7 @@ def score_rows(
     With `normalization`, reward = (r - mean) / std.
     """
     window = window or 8 * scorer.batch_size
-    buffer: list[tuple[dict, np.ndarray]] = []
+    buffer: list[tuple[dict, np.ndarray, str]] = []
 
     def flush() -> list[dict]:
         order = sorted(range(len(buffer)), key=lambda i: len(buffer[i][1]))
@@ -345,17 +371,18 @@ def score_rows(
         if normalization is not None:
             rewards = (rewards - normalization["mean"]) / normalization["std"]
         out = []
-        for (row, _), reward in zip(buffer, rewards, strict=True):
+        for (row, _, where), reward in zip(buffer, rewards, strict=True):
             if "reward" in row:
                 raise DataError(
-                    "the input already has a `reward` column; rename it so it is not overwritten"
+                    f"{where}: the input already has a `reward` column; rename it so it is not "
+                    "overwritten"
                 )
             out.append({**row, "reward": float(reward)})
         buffer.clear()
         return out
 
     for row, where in rows:
-        buffer.append((row, encoder.encode(row, where)))
+        buffer.append((row, encoder.encode(row, where), where))
         if len(buffer) >= window:
             yield flush()
     if buffer:
