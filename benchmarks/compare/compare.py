@@ -166,11 +166,17 @@ def table(workload: str, results: list[dict[str, Any]], meta: dict[str, Any], pa
         s = r["summary"]
         ratio = rx_speed / s["pairs_per_s"] if rx_speed and s.get("pairs_per_s") else None
         compiles = "eager" if r.get("compiles") is None else str(r["compiles"])
+        estimate = " (est.)" if s.get("median_is_estimate") else ""
         lines.append(
-            f"| {name} | {_fmt(s.get('median_step_s'), '.3f')} | {_fmt(s.get('pairs_per_s'), '.1f')} "
+            f"| {name} | {_fmt(s.get('median_step_s'), '.3f')}{estimate} | {_fmt(s.get('pairs_per_s'), '.1f')} "
             f"| {_fmt(s.get('pairs_per_s_all'), '.1f')} | {_fmt(ratio, '.2f')} "
             f"| {_fmt(s.get('padding_efficiency'), '.3f')} | {r['peak_rss_mib']:.0f} | {compiles} "
             f"| {s['timed_steps']} ({s['timed_compile_steps']} compiled) |"
+        )
+    if any(r.get("summary", {}).get("median_is_estimate") for r in results):
+        lines.append(
+            "\n(est.): every timed step compiled a new shape; the median is of step time minus "
+            "XLA compile seconds."
         )
     return "\n".join(lines)
 

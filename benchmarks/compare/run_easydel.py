@@ -118,7 +118,7 @@ def train(result: Result, args) -> None:
         start = time.time()
         trainer.train()
     result.step_times = clock.times
-    result.compile_steps = counter.steps_with_compiles(step_ends, start)
+    result.compile_steps, result.compile_seconds = counter.steps_with_compiles(step_ends, start)
     result.real_tokens, result.computed_tokens = tokens["real"], tokens["computed"]
     train_compiles = len([t for t in counter.times if t > start])
     result.compiles = train_compiles

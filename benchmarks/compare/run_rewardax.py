@@ -81,7 +81,9 @@ def train(result: Result, args) -> None:
         ]
     result.step_times = [r["num_pairs"] / r["pairs_per_second"] for r in train_rows]
     # metrics.jsonl's "time" is wall time when the step was logged (after its metrics arrived).
-    result.compile_steps = counter.steps_with_compiles([r["time"] for r in train_rows], start)
+    result.compile_steps, result.compile_seconds = counter.steps_with_compiles(
+        [r["time"] for r in train_rows], start
+    )
     stats = trainer.train_loader.stats
     result.real_tokens, result.computed_tokens = stats.real_tokens, stats.computed_tokens
     programs = trainer.configure_functions().train_step._cache_size()
