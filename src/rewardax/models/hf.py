@@ -91,8 +91,11 @@ def assemble_model(
             f"{' ...' if len(missing) > 8 else ''}. The file is incomplete or truncated."
         )
     target = _np_dtype(param_dtype if param_dtype is not None else dtype)
-    # Stacked layer parameters are filled slice by slice in host buffers (together one model
-    # copy), each moved to the device once its last layer is in.
+    # Stacked layer parameters are filled slice by slice in a host buffer and moved to the device
+    # once complete. Going parameter by parameter (all layers of one before the next) keeps a
+    # single host buffer alive, so the peak stays near one model copy plus one stacked tensor.
+    first_seen = {path: i for i, path in reversed(list(enumerate(s.path for s in specs)))}
+    specs = sorted(specs, key=lambda s: (first_seen[s.path], s.layer or 0))
     buffers: dict[tuple, np.ndarray] = {}
     last_layer = config.num_hidden_layers - 1
     for spec in specs:
