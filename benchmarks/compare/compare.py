@@ -4,8 +4,8 @@ Run from the repository root with this repository's virtualenv:
 
     benchmarks/compare/setup_venvs.sh            # once: the TRL and EasyDeL venvs (.bench-venvs/)
     .venv/bin/python benchmarks/compare/compare.py [--workloads short,long,shared]
-        [--frameworks rewardax,trl,easydel] [--steps short=10,long=4,shared=4]
-        [--warmup short=3,long=2,shared=2] [--option trl:gradient_checkpointing=true]
+        [--frameworks rewardax,trl,easydel] [--steps short=10,long=3,shared=3]
+        [--warmup short=3,long=1,shared=1] [--option trl:gradient_checkpointing=true]
 
 Every framework runs in its own subprocess with its own python on the same rows (workloads.py),
 the same model shape (bench_common.MODEL: Llama, hidden 256, 4 layers, 4 heads, MLP 704, SmolLM2's
@@ -41,8 +41,8 @@ from workloads import DEFAULT_CACHE, ROOT, build_workloads  # noqa: E402
 
 FRAMEWORKS = ("rewardax", "trl", "easydel")
 WORKLOADS = ("short", "long", "shared")
-DEFAULT_STEPS = {"short": 10, "long": 4, "shared": 4}
-DEFAULT_WARMUP = {"short": 3, "long": 2, "shared": 2}
+DEFAULT_STEPS = {"short": 10, "long": 3, "shared": 3}
+DEFAULT_WARMUP = {"short": 3, "long": 1, "shared": 1}
 VENVS = Path(os.environ.get("BENCH_VENVS", ROOT / ".bench-venvs"))
 
 
