@@ -25,7 +25,7 @@ from rewardax import data as rdata
 from rewardax import distributed
 from rewardax.checkpoint import CHECKPOINT_SUBDIR, TrainCheckpointer
 from rewardax.config import RewardConfig
-from rewardax.errors import ConfigError, NonFiniteError
+from rewardax.errors import CheckpointError, ConfigError, NonFiniteError
 from rewardax.evaluation import preference_metrics, reward_normalization
 from rewardax.logging import MetricsLogger
 from rewardax.models import AutoRewardModel, RewardModel, smollm2_gguf_path
@@ -508,6 +508,15 @@ class RewardTrainer:
             lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding),
             self.state.arrays(),
         )
+        if self.config.checkpoint.resume == "off" and ckpt.steps():
+            # A fresh run here would keep the old run's checkpoints at every step it saves too
+            # (a valid one is never replaced) and a later resume would mix the two runs.
+            raise CheckpointError(
+                f"checkpoint.resume=off, but {ckpt.directory} already holds checkpoints "
+                f"{ckpt.steps()} of an earlier run; refusing to overwrite or mix them. Choose "
+                "another checkpoint.run_name (or save_directory), delete that folder, or resume "
+                "(checkpoint.resume=auto)"
+            )
         restored = ckpt.resume(self.config.checkpoint.resume, abstract)
         if restored is None:
             return 0
