@@ -30,9 +30,13 @@ def load_tokenizer(path: str | Path) -> Any:
         )
     try:
         if path.is_file() and path.suffix == ".gguf":
-            tok = AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
+            tok = AutoTokenizer.from_pretrained(
+                str(path.parent), gguf_file=path.name, trust_remote_code=False
+            )
         elif path.is_dir():
-            tok = AutoTokenizer.from_pretrained(str(path))
+            # False, not the default None: None asks on a terminal whether to run the directory's
+            # Python code (`auto_map`); rewardax never runs code shipped with a model.
+            tok = AutoTokenizer.from_pretrained(str(path), trust_remote_code=False)
         else:
             raise ModelLoadError(f"{path}: pass a tokenizer directory or a .gguf file.")
     except (OSError, ValueError) as exc:
