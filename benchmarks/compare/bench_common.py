@@ -8,9 +8,12 @@ result (see `Result`) that `compare.py` turns into the table.
 
 from __future__ import annotations
 
+import argparse
 import json
 import statistics
+import sys
 import time
+import traceback
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -130,3 +133,64 @@ class CompileCounter:
             seconds.append(spent)
             previous = end
         return steps, seconds
+
+
+def runner_args(description: str) -> argparse.Namespace:
+    """The command line every runner takes (compare.py builds it)."""
+    parser = argparse.ArgumentParser(description=description)
+    parser.add_argument("--workload-dir", required=True, help="a directory from workloads.py")
+    parser.add_argument("--tokenizer-dir", required=True, help="SmolLM2 tokenizer, HF layout")
+    parser.add_argument("--warmup", type=int, default=3)
+    parser.add_argument("--steps", type=int, default=10, help="timed steps after warmup")
+    parser.add_argument("--out", required=True, help="result JSON path")
+    parser.add_argument("--option", action="append", default=[], help="framework key=value")
+    return parser.parse_args()
+
+
+def read_workload(directory: str | Path, n_pairs: int) -> tuple[dict[str, Any], list[dict]]:
+    """(meta, the first n_pairs rows) of a workload directory: rows are {prompt, chosen, rejected}."""
+    directory = Path(directory)
+    meta = json.loads((directory / "meta.json").read_text())
+    rows = []
+    with open(directory / "rows.jsonl", encoding="utf-8") as fh:
+        for line in fh:
+            rows.append(json.loads(line))
+            if len(rows) == n_pairs:
+                break
+    if len(rows) < n_pairs:
+        raise SystemExit(
+            f"{directory}/rows.jsonl has {len(rows)} rows; {n_pairs} needed "
+            "(rebuild the workloads with more rows, or run fewer steps)"
+        )
+    return meta, rows
+
+
+class StepClock:
+    """Wall time between consecutive step ends; the first step is timed from `start()`."""
+
+    def __init__(self) -> None:
+        self.times: list[float] = []
+        self._last: float | None = None
+
+    def start(self) -> None:
+        self._last = time.perf_counter()
+
+    def step_done(self) -> None:
+        now = time.perf_counter()
+        if self._last is not None:
+            self.times.append(now - self._last)
+        self._last = now
+
+
+def run_guarded(result: Result, out: str | Path, body) -> None:
+    """Runs body(result); an exception becomes status=error with its last traceback lines."""
+    try:
+        body(result)
+    except Exception as exc:  # reported in the table, not swallowed: the runner exits 1
+        result.status = "error"
+        tail = traceback.format_exc().strip().splitlines()[-12:]
+        result.error = f"{type(exc).__name__}: {exc}\n" + "\n".join(tail)
+        result.write(out)
+        print(result.error, file=sys.stderr)
+        raise SystemExit(1) from None
+    result.write(out)
