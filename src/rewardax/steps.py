@@ -4,6 +4,8 @@ A batch is a dict of arrays with the pair axis explicit (see `rewardax.data`):
   input_ids [B, 2, T] int32 (index 0 = chosen, 1 = rejected), attention_mask [B, 2, T],
   reward_index [B, 2] int32, margin [B] float32, pair_mask [B] float32 (0 = padding pair).
 Both responses of every pair go through the model in ONE forward pass of shape [2B, T].
+A packed batch (`rewardax.data.packing`: rows [R, T] with segment ids, `reward_slot` [B, 2]) goes
+through one forward pass of shape [R, T]; the loss and metrics code is the same for both.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import optax
 from flax import nnx
 
 from rewardax import losses
+from rewardax.errors import ConfigError
 
 Batch = dict[str, jax.Array]
 Arrays = dict[str, Any]
@@ -25,14 +28,29 @@ Arrays = dict[str, Any]
 def pair_rewards(model: nnx.Module, batch: Batch, *, dropout_rng: jax.Array | None = None):
     """Scores both responses of each pair in one forward pass.
 
+    The layout is read from the batch's keys: a packed or shared-prompt batch carries
+    `reward_slot` [B, 2] (see `rewardax.data.packing`), a padded one `reward_index` [B, 2].
+
     Returns:
       (chosen [B], rejected [B]) float32 rewards (first score head output).
     """
-    input_ids = batch["input_ids"]
-    b, two, t = input_ids.shape
     kwargs = {}
     if dropout_rng is not None:
         kwargs = {"deterministic": False, "dropout_rng": dropout_rng}
+    if "reward_slot" in batch:
+        out = model(
+            batch["input_ids"],
+            positions=batch["positions"],
+            segment_ids=batch["segment_ids"],
+            branch_ids=batch.get("branch_ids"),
+            reward_positions=batch["reward_positions"],
+            **kwargs,
+        )
+        flat = out.logits[..., 0].astype(jnp.float32).reshape(-1)  # [R*K]
+        rewards = flat[batch["reward_slot"]]  # [B, 2]
+        return rewards[:, 0], rewards[:, 1]
+    input_ids = batch["input_ids"]
+    b, two, t = input_ids.shape
     out = model(
         input_ids.reshape(b * two, t),
         batch["attention_mask"].reshape(b * two, t),
@@ -83,6 +101,14 @@ def make_train_step(
     grad_fn = jax.grad(micro_loss, has_aux=True)
 
     def train_step(arrays: Arrays, batch: Batch):
+        if accumulation_steps > 1 and "reward_slot" in batch:
+            # Rows of a packed batch hold sequences of several pairs: splitting them along axis 0
+            # would not split the pairs. Raised while tracing, before any work.
+            raise ConfigError(
+                "gradient_accumulation_steps > 1 needs data.layout=padded; packed and "
+                "shared_prompt batches cannot be split into microbatches (raise "
+                "per_device_train_batch_size instead)"
+            )
         params, rest, step = arrays["params"], arrays["rest"], arrays["step"]
         total_pairs = jnp.maximum(jnp.sum(batch["pair_mask"].astype(jnp.float32)), 1.0)
         step_key = jax.random.fold_in(jax.random.wrap_key_data(arrays["rng"]), step)

@@ -118,6 +118,13 @@ class RewardTrainer:
         self.accumulation_steps = cfg.train.gradient_accumulation_steps
         self.step_batch_size = self.global_batch_size * self.accumulation_steps
 
+        if cfg.data.layout != "padded" and (self.accumulation_steps > 1 or self.process_count > 1):
+            raise ConfigError(
+                f"data.layout={cfg.data.layout} needs gradient_accumulation_steps=1 and one "
+                f"process (got {self.accumulation_steps} and {self.process_count}): a packed row "
+                "holds several pairs, so it cannot be split into microbatches nor lined up "
+                "across processes. Use data.layout=padded, or raise per_device_train_batch_size"
+            )
         self.train_loader = None
         if train_dataset is not None:
             self.train_loader = rdata.PreferenceLoader(
@@ -128,6 +135,7 @@ class RewardTrainer:
                 seed=cfg.train.seed,
                 process_index=self.process_index,
                 process_count=self.process_count,
+                row_multiple=self.data_parallel_size,
             )
         self.eval_sets = self._named_eval_sets(eval_dataset)
         self.total_steps = self._total_steps()
@@ -346,7 +354,7 @@ class RewardTrainer:
                         )
                     skipped += 1
                 window_pairs += float(metrics["num_pairs"])
-                window_tokens += float(np.sum(host_batch["attention_mask"]))
+                window_tokens += float(rdata.token_counts(host_batch)[0])
                 if step % cfg.logging.logging_steps == 0 or step == self.total_steps:
                     elapsed = max(time.perf_counter() - window_start, 1e-9)
                     window_tokens = distributed.process_sum(window_tokens)  # this process's only
@@ -571,7 +579,13 @@ _MODEL_KEYS = ("input_ids", "attention_mask", "reward_index", "margin", "pair_ma
 
 
 def _model_inputs(batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-    """The arrays the jitted steps take (eval batches also carry bookkeeping such as row_index)."""
+    """The arrays the jitted steps take (eval batches also carry bookkeeping such as row_index).
+
+    A packed batch (it has `reward_slot`) keeps its own keys (`rewardax.data.packing`).
+    """
+    if "reward_slot" in batch:
+        keys = rdata.SHARED_PROMPT_KEYS if "branch_ids" in batch else rdata.PACKED_KEYS
+        return {k: batch[k] for k in keys}
     return {k: batch[k] for k in _MODEL_KEYS}
 
 

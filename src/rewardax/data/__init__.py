@@ -10,6 +10,14 @@ from rewardax.data.collate import (
 from rewardax.data.config import DataConfig
 from rewardax.data.formats import FORMATS, detect_dataset_format, detect_format, normalize_row
 from rewardax.data.loader import LoaderStats, PreferenceLoader, iterate_eval_batches
+from rewardax.data.packing import (
+    PACKED_KEYS,
+    SHARED_PROMPT_KEYS,
+    common_prefix_length,
+    pack_records,
+    packing_row_lengths,
+    token_counts,
+)
 from rewardax.data.sources import (
     HFDatasetSource,
     ListSource,
@@ -24,6 +32,8 @@ from rewardax.data.tokenize import PairEncoder, pad_token_id
 __all__ = [
     "BATCH_KEYS",
     "FORMATS",
+    "PACKED_KEYS",
+    "SHARED_PROMPT_KEYS",
     "DataConfig",
     "HFDatasetSource",
     "ListSource",
@@ -34,6 +44,7 @@ __all__ = [
     "StreamSource",
     "as_data_source",
     "collate_records",
+    "common_prefix_length",
     "create_grain_collect_function",
     "create_tfds_collect_function",
     "default_bucket_lengths",
@@ -43,5 +54,8 @@ __all__ = [
     "load_eval_sources",
     "load_source",
     "normalize_row",
+    "pack_records",
+    "packing_row_lengths",
     "pad_token_id",
+    "token_counts",
 ]

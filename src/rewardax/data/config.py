@@ -9,6 +9,7 @@ from rewardax.errors import ConfigError
 
 TruncationMode = Literal["keep_end", "keep_start", "filter"]
 OnInvalid = Literal["error", "skip"]
+Layout = Literal["padded", "packed", "shared_prompt"]
 
 
 @dataclass
@@ -32,13 +33,21 @@ class DataConfig:
       shuffle: shuffle the training rows each epoch (seeded by RewardConfig.seed).
       length_group_window: rows drawn together and sorted by length before being cut into batches,
         so batches hold pairs of similar length (1 turns length grouping off). Larger windows pad
-        less; a resumed run re-reads at most one window.
+        less; a resumed run re-reads at most one window. Padded layout only: packed layouts mix
+        lengths on purpose.
       bucket_lengths: the padded lengths a batch may have; empty means the default ladder (see
         buckets_per_octave). max_sequence_length is always included.
       buckets_per_octave: the default ladder: this many equal steps per doubling (4: 8, 16, ...,
         64, 80, 96, 112, 128, 160, ...; 1: powers of two from 32). Each distinct length a run meets
         is one XLA compilation: more rungs pad less but compile more programs.
       prefetch: batches prepared ahead of the training step.
+      layout: how training pairs are laid out in a batch (evaluation always uses `padded`).
+        `padded`: one row per response, padded to the batch's bucket length. `packed`: whole
+        responses side by side in fewer rows, each attending only to itself (block-diagonal
+        mask). `shared_prompt`: the prompt (the tokens chosen and rejected share at the start) is
+        encoded once per pair and both responses attend to it; pays off when prompts are long.
+        Rewards are the same in all three. packed and shared_prompt need
+        gradient_accumulation_steps=1 and one process.
     """
 
     max_sequence_length: int = 512
@@ -53,6 +62,7 @@ class DataConfig:
     bucket_lengths: tuple[int, ...] = ()
     buckets_per_octave: int = 4
     prefetch: int = 2
+    layout: Layout = "padded"
 
     def validate(self) -> None:
         """Checks the generic config validation does not know (called by RewardConfig.validate)."""
@@ -60,4 +70,8 @@ class DataConfig:
             raise ConfigError(
                 f"data.buckets_per_octave={self.buckets_per_octave} must be in 1..64 "
                 "(4 is a good default; 1 gives powers of two)"
+            )
+        if self.layout not in ("padded", "packed", "shared_prompt"):
+            raise ConfigError(
+                f"data.layout={self.layout!r} must be padded, packed or shared_prompt"
             )

@@ -30,6 +30,7 @@ from rewardax.data.collate import (
 )
 from rewardax.data.config import DataConfig
 from rewardax.data.formats import InvalidRow, detect_dataset_format
+from rewardax.data.packing import pack_records, packing_row_lengths, token_counts
 from rewardax.data.sources import StreamSource, load_source
 from rewardax.data.tokenize import pad_token_id
 from rewardax.errors import CheckpointError, ConfigError, DataError
@@ -200,7 +201,10 @@ class PreferenceLoader:
       num_epochs: None repeats forever.
       drop_remainder: drop an epoch's last partial batch (counted as `remainder`); else pad it with
         pair_mask 0.
-      eval_mode: no shuffle (deterministic order), never drop a partial batch.
+      eval_mode: no shuffle (deterministic order), never drop a partial batch; always the padded
+        layout, whatever `data_config.layout` says.
+      row_multiple: with a packed layout, the row count R of every batch is a multiple of this
+        (the data-parallel size, so rows split evenly over devices).
 
     Example:
       loader = PreferenceLoader("train.jsonl", tok, DataConfig(max_sequence_length=256), batch_size=8, seed=0)
@@ -221,6 +225,7 @@ class PreferenceLoader:
         num_epochs: int | None = None,
         drop_remainder: bool = True,
         eval_mode: bool = False,
+        row_multiple: int = 1,
     ):
         if batch_size < 1:
             raise ConfigError(f"batch_size must be positive, got {batch_size}")
@@ -243,7 +248,13 @@ class PreferenceLoader:
             data_config.bucket_lengths,
             data_config.buckets_per_octave,
         )
-        self.window = window_rows(self.batch_size, data_config.length_group_window)
+        self.layout = "padded" if eval_mode else data_config.layout
+        # Packed layouts fill rows better with mixed lengths, and their per-batch token totals then
+        # vary less (fewer distinct shapes): no length grouping for them.
+        window = data_config.length_group_window if self.layout == "padded" else 1
+        self.window = window_rows(self.batch_size, window)
+        self.row_multiple = max(int(row_multiple), 1)
+        self.row_lengths = packing_row_lengths(data_config)
         self.streaming = isinstance(self.source, StreamSource)
         if self.streaming:
             fmt = None  # detected per row
@@ -467,14 +478,15 @@ class PreferenceLoader:
             for b, group in enumerate(groups):
                 if b < skip:
                     continue
-                batch = collate_records(group, self.pad_id, self.buckets, self.batch_size)
+                batch = self._collate(group)
                 if self.eval_mode:
                     batch["row_index"] = np.full((self.batch_size,), -1, dtype=np.int32)
                     batch["row_index"][: len(group)] = [r["index"] for r in group]
                 stats.pairs_seen += len(group)
                 stats.truncated += sum(r["truncated"] for r in group)
-                stats.real_tokens += int(batch["attention_mask"].sum())
-                stats.computed_tokens += int(batch["attention_mask"].size)
+                real, computed = token_counts(batch)
+                stats.real_tokens += real
+                stats.computed_tokens += computed
                 last = b == len(groups) - 1
                 state = (
                     {"position": end_position, "batches_done": 0}
@@ -492,6 +504,18 @@ class PreferenceLoader:
             if self.streaming:
                 state["epoch"] = epoch + (1 if epoch_done else 0)
         yield None, state, stats  # rows read after the last batch (dropped ones, a remainder)
+
+    def _collate(self, group: list[dict]) -> dict[str, np.ndarray]:
+        if self.layout == "padded":
+            return collate_records(group, self.pad_id, self.buckets, self.batch_size)
+        return pack_records(
+            group,
+            self.pad_id,
+            layout=self.layout,
+            batch_size=self.batch_size,
+            row_lengths=self.row_lengths,
+            row_multiple=self.row_multiple,
+        )
 
     def __iter__(self) -> Iterator[dict[str, np.ndarray]]:
         """Batches from the current state on; the state advances as each batch is handed out."""
