@@ -200,38 +200,41 @@ def test_packed_padding_efficiency_on_vader(tokenizer):
     assert figures["packed"][2] == figures["padded"][2] == 640
 
 
-@pytest.mark.parametrize("layout", ["packed", "shared_prompt"])
-def test_trainer_end_to_end_matches_padded(tokenizer, tmp_path, layout):
+def train_tiny(tokenizer, directory, layout):
     with open(TRAIN, encoding="utf-8") as f:
-        data = [json.loads(line) for _, line in zip(range(24), f, strict=False)]
-
-    def run(layout):
-        config = rx.RewardConfig(
-            per_device_train_batch_size=4,
-            learning_rate=1e-3,
-            max_sequence_length=64,
-            max_training_steps=3,
-            save_directory=str(tmp_path),
-            run_name=layout,
-            logging_steps=1,
-            progress_bar=False,
-            save_steps=100,
-            layout=layout,
-            length_group_window=1,  # packed layouts do not group by length: same batches
-        )
-        state = tiny_state(tokenizer)
-        trainer = rx.RewardTrainer(config, tokenizer, model=state.model, train_dataset=data)
-        result = trainer.train()
-        return trainer, result
-
-    ref_trainer, ref = run("padded")
-    trainer, result = run(layout)
-    assert (
-        result.metrics["train"]["padding_efficiency"] > ref.metrics["train"]["padding_efficiency"]
+        data = [json.loads(line) for _, line in zip(range(16), f, strict=False)]
+    config = rx.RewardConfig(
+        per_device_train_batch_size=4,
+        learning_rate=1e-3,
+        max_sequence_length=64,
+        max_training_steps=2,
+        save_directory=str(directory),
+        run_name=layout,
+        logging_steps=1,
+        progress_bar=False,
+        save_steps=100,
+        layout=layout,
+        length_group_window=1,  # packed layouts do not group by length: same batches
     )
-    np.testing.assert_allclose(
-        result.metrics["train"]["loss"], ref.metrics["train"]["loss"], atol=1e-5
+    trainer = rx.RewardTrainer(
+        config, tokenizer, model=tiny_state(tokenizer).model, train_dataset=data
     )
+    return trainer, trainer.train()
+
+
+@pytest.fixture(scope="module")
+def padded_run(tokenizer, tmp_path_factory):
+    return train_tiny(tokenizer, tmp_path_factory.mktemp("padded"), "padded")
+
+
+@pytest.mark.parametrize("layout", ["packed", "shared_prompt"])
+def test_trainer_end_to_end_matches_padded(tokenizer, tmp_path, padded_run, layout):
+    ref_trainer, ref = padded_run
+    trainer, result = train_tiny(tokenizer, tmp_path, layout)
+    assert result.export_dir is not None and (result.export_dir / "config.json").exists()
+    got, want = result.metrics["train"], ref.metrics["train"]
+    assert got["padding_efficiency"] > want["padding_efficiency"]
+    np.testing.assert_allclose(got["loss"], want["loss"], atol=1e-5)
     for a, b in zip(
         jax.tree.leaves(trainer.state.params),
         jax.tree.leaves(ref_trainer.state.params),
