@@ -21,7 +21,7 @@ demo: $(BIN)/.installed-demo
 test: $(BIN)/.installed-test
 	$(BIN)/ruff check src tests benchmarks
 	$(BIN)/ruff format --check src tests benchmarks
-	$(BIN)/python -m pytest $(PYTEST_ARGS)
+	$(BIN)/python -m pytest --durations=20 $(PYTEST_ARGS)
 
 lint: $(BIN)/.installed-test
 	$(BIN)/ruff check src tests benchmarks
