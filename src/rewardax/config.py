@@ -260,7 +260,8 @@ class CheckpointSection:
 
     Attributes:
       save_directory: folder holding one sub-folder per run.
-      run_name: name of this run's folder; null uses the start time (YYYYmmdd-HHMMSS).
+      run_name: name of this run's folder; null uses `run-` and a hash of the training settings,
+        so rerunning the same command finds (and resumes) the same run.
       save_steps: save a checkpoint every this many optimizer steps; null saves only at the end.
       save_total_limit: checkpoints kept, the oldest deleted first; null keeps all.
       resume: `auto` continues from the latest valid checkpoint of the run folder, `off` starts

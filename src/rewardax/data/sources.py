@@ -69,16 +69,17 @@ class _File:
 
     def _scan(self) -> int:
         if self.path.endswith((".jsonl", ".ndjson")):
+            # Line by line (not the whole file at once): memory stays flat for any file size.
+            offsets, lines, position = [], [], 0
             with open(self.path, "rb") as fh:
-                data = fh.read()
-            starts = np.concatenate([[0], np.flatnonzero(np.frombuffer(data, np.uint8) == 10) + 1])
-            ends = np.concatenate([starts[1:], [len(data)]])
-            keep = [
-                i for i, (s, e) in enumerate(zip(starts, ends, strict=True)) if data[s:e].strip()
-            ]
-            self._offsets = starts[keep]
-            self._lines = np.asarray(keep, dtype=np.int64) + 1
-            return len(keep)
+                for number, line in enumerate(fh, start=1):
+                    if line.strip():
+                        offsets.append(position)
+                        lines.append(number)
+                    position += len(line)
+            self._offsets = np.asarray(offsets, dtype=np.int64)
+            self._lines = np.asarray(lines, dtype=np.int64)
+            return len(lines)
         if self.path.endswith(".parquet"):
             import pyarrow.parquet as pq
 
