@@ -130,7 +130,11 @@ def run_one(
         result = json.loads(result_path.read_text())
     else:
         tail = log.read_text(errors="replace").strip().splitlines()[-8:]
-        why = f"no result written (exit {code}); log {log}: {' | '.join(tail)}"
+        if code == -signal.SIGKILL and seconds < args.timeout:
+            # Nothing in the runner sends SIGKILL: on Linux that is the kernel's OOM killer.
+            why = f"killed by SIGKILL after {seconds:.0f} s (out of memory?), peak RSS {rss_mib:.0f} MiB"
+        else:
+            why = f"no result written (exit {code}); log {log}: {' | '.join(tail)}"
         result = {**base, "status": "error", "error": why}
     if code != 0 and result.get("status") == "ok":
         result.update(status="error", error=f"exit status {code}, see {log}")
@@ -168,8 +172,9 @@ def table(workload: str, results: list[dict[str, Any]], meta: dict[str, Any], pa
         compiles = "eager" if r.get("compiles") is None else str(r["compiles"])
         estimate = " (est.)" if s.get("median_is_estimate") else ""
         lines.append(
-            f"| {name} | {_fmt(s.get('median_step_s'), '.3f')}{estimate} | {_fmt(s.get('pairs_per_s'), '.1f')} "
-            f"| {_fmt(s.get('pairs_per_s_all'), '.1f')} | {_fmt(ratio, '.2f')} "
+            f"| {name} | {_fmt(s.get('median_step_s'), '.3g')}{estimate} "
+            f"| {_fmt(s.get('pairs_per_s'), '.3g')} | {_fmt(s.get('pairs_per_s_all'), '.3g')} "
+            f"| {_fmt(ratio, '.2f')} "
             f"| {_fmt(s.get('padding_efficiency'), '.3f')} | {r['peak_rss_mib']:.0f} | {compiles} "
             f"| {s['timed_steps']} ({s['timed_compile_steps']} compiled) |"
         )
@@ -179,6 +184,18 @@ def table(workload: str, results: list[dict[str, Any]], meta: dict[str, Any], pa
             "XLA compile seconds."
         )
     return "\n".join(lines)
+
+
+def render(everything: dict[str, Any]) -> None:
+    """Prints the tables of a results.json written by an earlier run."""
+    for workload, entry in everything["results"].items():
+        pairs = (everything["warmup"][workload] + everything["steps"][workload]) * BATCH_PAIRS
+        print(table(workload, entry["runs"], entry["meta"], pairs) + "\n")
+    start, end = (
+        tuple(round(x, 2) for x in everything[k])
+        for k in ("load_average_at_start", "load_average_at_end")
+    )
+    print(f"command: {everything['command']}; load average at start {start}, at end {end}")
 
 
 def main() -> None:
@@ -198,7 +215,11 @@ def main() -> None:
     parser.add_argument("--cache", type=Path, default=DEFAULT_CACHE)
     parser.add_argument("--timeout", type=float, default=1800, help="seconds per framework run")
     parser.add_argument("--json", type=Path, help="where to write all results (default: cache)")
+    parser.add_argument("--render", type=Path, help="reprint the tables of a results.json; no run")
     args = parser.parse_args()
+    if args.render:
+        render(json.loads(args.render.read_text()))
+        return
     args.steps = per_workload(args.steps, DEFAULT_STEPS)
     args.warmup = per_workload(args.warmup, DEFAULT_WARMUP)
     workloads = [w for w in args.workloads.split(",") if w]
