@@ -35,7 +35,7 @@ for name in "${targets[@]}"; do
   echo "== $name: $spec -> $venv (log: $log)"
   if [ ! -x "$venv/bin/python" ]; then "$PYTHON" -m venv "$venv" || { status=1; continue; }; fi
   # shellcheck disable=SC2086
-  if timeout "${INSTALL_TIMEOUT:-1500}" "$venv/bin/python" -m pip install $spec >"$log" 2>&1; then
+  if timeout "${INSTALL_TIMEOUT:-900}" "$venv/bin/python" -m pip install $spec >"$log" 2>&1; then
     "$venv/bin/python" -m pip freeze >"$BENCH_VENVS/$name.freeze.txt"
     echo "   ok"
   else
