@@ -207,3 +207,8 @@ def test_nan_policy_skip_step_counts_and_finishes(tokenizer, tmp_path):
     result = trainer.train()
     assert result.metrics["train"]["skipped_steps"] >= 1
     assert all(np.isfinite(p).all() for p in params_of(trainer))
+
+
+def test_a_custom_data_collator_is_refused_not_ignored():
+    with pytest.raises(rx.ConfigError, match="data_collator"):
+        rx.RewardTrainer(rx.RewardConfig(), None, data_collator=lambda rows: rows)

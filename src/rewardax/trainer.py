@@ -83,8 +83,9 @@ class RewardTrainer:
       train_dataset: a Hugging Face Dataset / IterableDataset, a ShardedDataSource, a path or a list
         of rows (see `rewardax.data`).
       eval_dataset: the same, or a dict of named eval sets.
-      data_collator: optional callable(list of records) -> batch, replacing the default
-        `create_tfds_collect_function(...)` collation.
+      data_collator: must be None for now: rewardax tokenizes, length-groups and collates itself
+        (`create_grain_collect_function` / `create_tfds_collect_function` expose that collation
+        for other loaders). A custom collator is refused rather than silently ignored.
     """
 
     def __init__(
@@ -102,7 +103,12 @@ class RewardTrainer:
             )
         self.config = arguments
         self.tokenizer = processing_class
-        self.data_collator = data_collator
+        if data_collator is not None:
+            raise ConfigError(
+                "a custom data_collator is not supported yet: RewardTrainer builds its batches with "
+                "its own loader (length-grouped, resumable). Pass data_collator=None, or use "
+                "trainer.create_tfds_collect_function(...) with your own loop"
+            )
         # Multi-process jobs join jax.distributed here, before the first device query (a no-op
         # when already initialized or when nothing asks for several processes).
         distributed.initialize(arguments)
