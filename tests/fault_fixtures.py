@@ -50,24 +50,11 @@ RUN_SETTINGS = (
 def build_workspace(tmp: Path) -> dict[str, Path]:
     """A tiny random llama (hidden 32, 2 layers, SmolLM2's 49k vocabulary and tokenizer) saved as a
     Hugging Face directory, and a training file of NUM_ROWS short VADER pairs."""
-    from flax import nnx
-
-    import rewardax as rx
-    from data_fixtures import smollm2_tokenizer
+    from data_fixtures import smollm2_tokenizer, tiny_llama
 
     tokenizer = smollm2_tokenizer()
-    config = rx.ModelConfig(
-        architecture="llama",
-        vocab_size=len(tokenizer),
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        pad_token_id=tokenizer.pad_token_id,
-    )
     model_dir = tmp / "tiny-model"
-    rx.RewardModel(config, rngs=nnx.Rngs(0)).save_pretrained(model_dir, tokenizer=tokenizer)
+    tiny_llama(tokenizer).save_pretrained(model_dir, tokenizer=tokenizer)
     rows = [json.loads(line) for line in Path(TRAIN_ASSET).read_text().splitlines()[:NUM_ROWS]]
     train = tmp / "train.jsonl"
     train.write_text(

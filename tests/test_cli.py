@@ -13,10 +13,9 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from flax import nnx
 
 import rewardax as rx
-from data_fixtures import smollm2_tokenizer
+from data_fixtures import smollm2_tokenizer, tiny_llama
 from rewardax import cli
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -53,18 +52,8 @@ def tokenizer():
 def work(tokenizer, tmp_path_factory):
     """A tiny HF model dir, data files, and one `rewardax train` run through the console script."""
     tmp = tmp_path_factory.mktemp("cli")
-    config = rx.ModelConfig(
-        architecture="llama",
-        vocab_size=len(tokenizer),
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        pad_token_id=tokenizer.pad_token_id,
-    )
     model_dir = tmp / "tiny-model"
-    rx.RewardModel(config, rngs=nnx.Rngs(0)).save_pretrained(model_dir, tokenizer=tokenizer)
+    tiny_llama(tokenizer).save_pretrained(model_dir, tokenizer=tokenizer)
     train = write_jsonl(tmp / "train.jsonl", short_pairs(tokenizer, TRAIN, 24))
     heldout = short_pairs(tokenizer, HELDOUT, 12)
     for i, row in enumerate(heldout):

@@ -9,10 +9,9 @@ from importlib import resources
 import jax
 import numpy as np
 import pytest
-from flax import nnx
 
 import rewardax as rx
-from data_fixtures import smollm2_tokenizer
+from data_fixtures import smollm2_tokenizer, tiny_llama
 from rewardax.logging import read_metrics
 
 ASSETS = resources.files("rewardax") / "assets"
@@ -23,20 +22,6 @@ HELDOUT = str(ASSETS / "vader_movie_pairs.heldout.jsonl")
 @pytest.fixture(scope="module")
 def tokenizer():
     return smollm2_tokenizer()
-
-
-def tiny_model(tokenizer, seed=0):
-    config = rx.ModelConfig(
-        architecture="llama",
-        vocab_size=len(tokenizer),
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        pad_token_id=tokenizer.pad_token_id,
-    )
-    return rx.RewardModel(config, rngs=nnx.Rngs(seed))
 
 
 def rows(path, n):
@@ -70,7 +55,7 @@ def test_ten_steps_equal_five_then_sigterm_then_resume_bitwise(tokenizer, tmp_pa
     straight = rx.RewardTrainer(
         make_config(tmp_path, run_name="straight"),
         tokenizer,
-        model=tiny_model(tokenizer),
+        model=tiny_llama(tokenizer),
         train_dataset=data,
     )
     straight.train()
@@ -78,7 +63,7 @@ def test_ten_steps_equal_five_then_sigterm_then_resume_bitwise(tokenizer, tmp_pa
     first = rx.RewardTrainer(
         make_config(tmp_path, run_name="split", save_steps=100),
         tokenizer,
-        model=tiny_model(tokenizer),
+        model=tiny_llama(tokenizer),
         train_dataset=data,
     )
     fns = first.configure_functions()
@@ -99,7 +84,7 @@ def test_ten_steps_equal_five_then_sigterm_then_resume_bitwise(tokenizer, tmp_pa
     second = rx.RewardTrainer(
         make_config(tmp_path, run_name="split", save_steps=100),
         tokenizer,
-        model=tiny_model(tokenizer, seed=123),  # overwritten by the checkpoint
+        model=tiny_llama(tokenizer, seed=123),  # overwritten by the checkpoint
         train_dataset=data,
     )
     result = second.train()
@@ -115,7 +100,7 @@ def test_eval_counts_every_pair_once_and_export_matches(tokenizer, tmp_path):
     trainer = rx.RewardTrainer(
         make_config(tmp_path, max_training_steps=3, run_name="eval"),
         tokenizer,
-        model=tiny_model(tokenizer),
+        model=tiny_llama(tokenizer),
         train_dataset=rows(TRAIN, 32),
         eval_dataset={"heldout": heldout, "again": heldout[:9]},
     )
@@ -172,7 +157,7 @@ def test_nan_policy_error_stops_and_keeps_the_clean_checkpoint(tokenizer, tmp_pa
             save_steps=1,
         ),
         tokenizer,
-        model=tiny_model(tokenizer),
+        model=tiny_llama(tokenizer),
         train_dataset=rows(TRAIN, 32),
     )
     with pytest.raises(rx.NonFiniteError, match=r"step \d+"):
@@ -201,7 +186,7 @@ def test_nan_policy_skip_step_counts_and_finishes(tokenizer, tmp_path):
             max_training_steps=4,
         ),
         tokenizer,
-        model=tiny_model(tokenizer),
+        model=tiny_llama(tokenizer),
         train_dataset=rows(TRAIN, 32),
     )
     result = trainer.train()
