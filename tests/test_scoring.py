@@ -6,10 +6,8 @@ import json
 
 import numpy as np
 import pytest
-from flax import nnx
 
-import rewardax as rx
-from data_fixtures import smollm2_tokenizer
+from data_fixtures import smollm2_tokenizer, tiny_llama
 from rewardax.data import DataConfig, PairEncoder, normalize_row
 from rewardax.errors import DataError, ModelLoadError
 from rewardax.scoring import (
@@ -29,17 +27,7 @@ def tokenizer():
 
 @pytest.fixture(scope="module")
 def model(tokenizer):
-    config = rx.ModelConfig(
-        architecture="llama",
-        vocab_size=len(tokenizer),
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        pad_token_id=tokenizer.pad_token_id,
-    )
-    return rx.RewardModel(config, rngs=nnx.Rngs(3))
+    return tiny_llama(tokenizer, seed=3)
 
 
 def training_ids(tokenizer, row, config):
