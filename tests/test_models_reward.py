@@ -244,3 +244,33 @@ def test_swiglu_hand_written_backward_equals_autodiff():
     # The gate gradient is not the up gradient nor zero: a swapped or dropped term would pass a
     # loose check on the loss alone.
     assert float(jnp.max(jnp.abs(got[0] - got[1]))) > 0.1
+
+
+@pytest.mark.parametrize("side", ["right", "left"])
+def test_query_blocks_equal_one_block(monkeypatch, side):
+    """Rows longer than ATTENTION_QUERY_BLOCK are attended block by block, each block against the
+    keys up to its last query only: rewards, hidden states and gradients must equal the one-block
+    computation (block sizes that do not divide the row length included)."""
+    import rewardax.models.transformer as transformer
+
+    model = scrambled_model("mistral")  # sliding window 4: the mask is more than causal
+    ids, mask = map(jnp.asarray, pad_rows(random_rows(7, [37, 22, 9]), side))
+
+    def run():
+        def loss(m):
+            out = m(ids, mask, output_hidden_states=True)
+            return jnp.sum(out.logits**2), out
+
+        (_, out), grads = nnx.value_and_grad(loss, has_aux=True)(model)
+        return out, jax.tree.leaves(nnx.state(grads, nnx.Param))
+
+    whole, whole_grads = run()
+    for block in (8, 13):
+        monkeypatch.setattr(transformer, "ATTENTION_QUERY_BLOCK", block)
+        blocked, blocked_grads = run()
+        np.testing.assert_allclose(blocked.logits, whole.logits, atol=1e-5, rtol=0)
+        np.testing.assert_allclose(blocked.hidden_states, whole.hidden_states, atol=1e-5, rtol=0)
+        for g, w in zip(blocked_grads, whole_grads, strict=True):
+            # Float32 sums in another order: compare relative to each gradient's scale.
+            scale = float(np.max(np.abs(w))) + 1e-12
+            np.testing.assert_allclose(g / scale, w / scale, atol=1e-5, rtol=0)

@@ -14,6 +14,7 @@ Hugging Face's ``[out, in]`` matrices.
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Sequence
 from typing import Any
@@ -166,6 +167,26 @@ def attention_mask(
     return mask
 
 
+# Rows longer than this many tokens are attended in query blocks of at most this size.
+ATTENTION_QUERY_BLOCK = 512
+
+
+def _attend(
+    q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array, scale: float, dtype: Any
+) -> jax.Array:
+    """q [N, Tq, K, G, D], k/v [N, S, K, D], mask bool [N, Tq, S] -> [N, Tq, K, G, D] in dtype."""
+    # Scores and softmax in float32 whatever the compute dtype: bf16 logits lose the small
+    # differences between keys that attention depends on.
+    scores = jnp.einsum("ntkgd,nskd->nkgts", q, k, preferred_element_type=jnp.float32) * scale
+    m = mask[:, None, None, :, :]
+    # A finite fill (not -inf) so a fully masked row (a padding query) gives a uniform
+    # distribution instead of NaN; its output is then zeroed below.
+    scores = jnp.where(m, scores, jnp.finfo(jnp.float32).min)
+    probs = jax.nn.softmax(scores, axis=-1)
+    probs = jnp.where(jnp.any(m, axis=-1, keepdims=True), probs, 0.0)
+    return jnp.einsum("nkgts,nskd->ntkgd", probs.astype(dtype), v)
+
+
 class Attention(nnx.Module):
     """Grouped-query self-attention with RoPE, optional q/k/v bias (Qwen2), q/k norm (Qwen3)."""
 
@@ -208,17 +229,17 @@ class Attention(nnx.Module):
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         groups = self.num_heads // self.num_kv_heads
         q = q.reshape(n, t, self.num_kv_heads, groups, self.head_dim)
-        # Scores and softmax in float32 whatever the compute dtype: bf16 logits lose the small
-        # differences between keys that attention depends on.
-        scores = jnp.einsum("ntkgd,nskd->nkgts", q, k, preferred_element_type=jnp.float32)
-        scores = scores * (1.0 / math.sqrt(self.head_dim))
-        m = mask[:, None, None, :, :]
-        # A finite fill (not -inf) so a fully masked row (a padding query) gives a uniform
-        # distribution instead of NaN; its output is then zeroed below.
-        scores = jnp.where(m, scores, jnp.finfo(jnp.float32).min)
-        probs = jax.nn.softmax(scores, axis=-1)
-        probs = jnp.where(jnp.any(m, axis=-1, keepdims=True), probs, 0.0)
-        out = jnp.einsum("nkgts,nskd->ntkgd", probs.astype(x.dtype), v)
+        scale = 1.0 / math.sqrt(self.head_dim)
+        # Query blocks attend only to the keys at or before their last query (the mask is causal
+        # in every layout), so long rows skip the upper triangle of the score matrix and never
+        # hold the whole [T, T] scores at once. Exact: the skipped keys are masked anyway.
+        n_blocks = -(-t // ATTENTION_QUERY_BLOCK)
+        bounds = [t * i // n_blocks for i in range(n_blocks + 1)]
+        blocks = [
+            _attend(q[:, a:b], k[:, :b], v[:, :b], mask[:, a:b, :b], scale, x.dtype)
+            for a, b in itertools.pairwise(bounds)
+        ]
+        out = blocks[0] if n_blocks == 1 else jnp.concatenate(blocks, axis=1)
         out = out.reshape(n, t, self.num_heads, self.head_dim)
         return self.o_proj(out)
 
