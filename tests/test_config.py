@@ -264,6 +264,11 @@ def test_batch_size_helpers():
         ({"max_grad_norm": 0.0}, 1, "or null for no clipping"),
         ({"center_rewards_coefficient": -0.1}, 1, "center_rewards_coefficient=-0.1"),
         ({"bucket_lengths": (64, 1024), "max_sequence_length": 512}, 1, "bucket_lengths has 1024"),
+        (
+            {"bucket_lengths": (1025,), "max_sequence_length": 512, "layout": "shared_prompt"},
+            1,
+            r"outside 1..2 x max_sequence_length=1024",
+        ),
         ({"mesh": {"dp": 2, "fsdp": 1, "tp": 1}}, 8, "= 2 but 8 devices"),
         ({"mesh": {"dp": -1, "tp": 3}}, 4, "does not divide the 4"),
         ({"save_steps": 0}, 1, "checkpoint.save_steps=0"),
@@ -313,3 +318,11 @@ def test_shipped_configs_load_and_validate():
     tiny = RewardConfig.from_yaml(CONFIGS / "tiny.yaml").validate(8)
     assert tiny.train.max_training_steps == 4
     assert tiny.global_train_batch_size(1) == 4
+
+
+def test_shared_prompt_rows_may_be_twice_max_sequence_length():
+    """A shared_prompt row holds a prompt and two responses, so its lengths may reach
+    2 x max_sequence_length (what the packer allows); padded rows may not."""
+    RewardConfig(bucket_lengths=(128,), max_sequence_length=64, layout="shared_prompt").validate()
+    with pytest.raises(ConfigError, match="bucket_lengths has 128"):
+        RewardConfig(bucket_lengths=(128,), max_sequence_length=64).validate()

@@ -719,11 +719,15 @@ def _problems(config: RewardConfig, num_devices: int, num_processes: int) -> lis
     need(d.num_workers >= 0, f"data.num_workers={d.num_workers} must be 0 or more")
     need(d.prefetch >= 0, f"data.prefetch={d.prefetch} must be 0 or more")
     need(math.isfinite(d.margin_scale), f"data.margin_scale={d.margin_scale} must be finite")
+    # A shared_prompt row holds a prompt and two responses: up to twice the per-sequence maximum
+    # (the cap `data.packing.packing_row_lengths` applies).
+    row_cap = d.max_sequence_length * (2 if d.layout == "shared_prompt" else 1)
+    cap_name = "2 x max_sequence_length" if d.layout == "shared_prompt" else "max_sequence_length"
     for length in d.bucket_lengths:
         need(
-            1 <= length <= d.max_sequence_length,
-            f"data.bucket_lengths has {length}, outside 1..max_sequence_length="
-            f"{d.max_sequence_length}; remove it or raise data.max_sequence_length",
+            1 <= length <= row_cap,
+            f"data.bucket_lengths has {length}, outside 1..{cap_name}={row_cap} "
+            f"(data.layout={d.layout}); remove it or raise data.max_sequence_length",
         )
     data_check = getattr(d, "validate", None)  # the data section may add its own checks
     if callable(data_check):
