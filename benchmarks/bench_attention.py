@@ -2,7 +2,8 @@
 
     .venv/bin/python benchmarks/bench_attention.py [--rows 2] [--length 2048] [--blocks 512,4096]
 
-Issue #7's model (Llama, hidden 256, 4 layers, 4 heads, MLP 704, vocabulary 49,152, float32):
+Issue #7's model (`compare/bench_common.py`'s MODEL: Llama, hidden 256, 4 layers, 4 heads, MLP 704,
+vocabulary 49,152, float32):
 the gradient of the summed rewards of `--rows` rows of `--length` tokens, once per value of
 `rewardax.models.transformer.ATTENTION_QUERY_BLOCK` (a block >= the length is the old one-block
 computation). Each setting runs in its own child process, so peak RSS (`wait4`) is its own.
@@ -17,6 +18,11 @@ import os
 import subprocess
 import sys
 import time
+from pathlib import Path
+
+# The side-by-side harness's model (issue #7), defined once in compare/bench_common.py.
+sys.path.insert(0, str(Path(__file__).resolve().parent / "compare"))
+from bench_common import MODEL
 
 
 def child(rows: int, length: int, block: int) -> dict:
@@ -28,15 +34,7 @@ def child(rows: int, length: int, block: int) -> dict:
     from rewardax.models import ModelConfig, RewardModel
 
     transformer.ATTENTION_QUERY_BLOCK = block
-    config = ModelConfig(
-        vocab_size=49152,
-        hidden_size=256,
-        intermediate_size=704,
-        num_hidden_layers=4,
-        num_attention_heads=4,
-        num_key_value_heads=4,
-        rope_theta=100000.0,
-    )
+    config = ModelConfig(**MODEL)
     model = RewardModel(config, rngs=nnx.Rngs(0))
     graphdef, params, rest = nnx.split(model, nnx.Param, ...)
     ids = jax.random.randint(jax.random.key(1), (rows, length), 3, 49152)

@@ -719,9 +719,7 @@ def _problems(config: RewardConfig, num_devices: int, num_processes: int) -> lis
     need(d.num_workers >= 0, f"data.num_workers={d.num_workers} must be 0 or more")
     need(d.prefetch >= 0, f"data.prefetch={d.prefetch} must be 0 or more")
     need(math.isfinite(d.margin_scale), f"data.margin_scale={d.margin_scale} must be finite")
-    # A shared_prompt row holds a prompt and two responses: up to twice the per-sequence maximum
-    # (the cap `data.packing.packing_row_lengths` applies).
-    row_cap = d.max_sequence_length * (2 if d.layout == "shared_prompt" else 1)
+    row_cap = d.max_row_length  # the packer's cap too (`data.packing.packing_row_lengths`)
     cap_name = "2 x max_sequence_length" if d.layout == "shared_prompt" else "max_sequence_length"
     for length in d.bucket_lengths:
         need(

@@ -64,6 +64,12 @@ class DataConfig:
     prefetch: int = 2
     layout: Layout = "padded"
 
+    @property
+    def max_row_length(self) -> int:
+        """The longest row a batch may have: max_sequence_length, or twice it for shared_prompt,
+        whose rows hold a prompt and two responses."""
+        return self.max_sequence_length * (2 if self.layout == "shared_prompt" else 1)
+
     def validate(self) -> None:
         """Checks the generic config validation does not know (called by RewardConfig.validate)."""
         if not 1 <= self.buckets_per_octave <= 64:

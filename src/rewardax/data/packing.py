@@ -205,8 +205,9 @@ def pack_records(
 def packing_row_lengths(config: DataConfig) -> tuple[int, ...]:
     """Allowed row lengths T of a packed batch: the bucket ladder up to max_sequence_length
     (2 x max_sequence_length for shared_prompt, whose rows hold a prompt and two responses)."""
-    cap = config.max_sequence_length * (2 if config.layout == "shared_prompt" else 1)
-    return default_bucket_lengths(cap, config.bucket_lengths, config.buckets_per_octave)
+    return default_bucket_lengths(
+        config.max_row_length, config.bucket_lengths, config.buckets_per_octave
+    )
 
 
 def token_counts(batch: dict[str, np.ndarray]) -> tuple[int, int]:
