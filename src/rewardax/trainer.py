@@ -340,6 +340,8 @@ class RewardTrainer:
             window_start, window_pairs, window_tokens = time.perf_counter(), 0.0, 0.0
             last_saved = start_step
             step = start_step
+            self._save_seconds, eval_seconds = 0.0, 0.0
+            loop_start = time.perf_counter()
             while step < self.total_steps:
                 if self._stop_requested():
                     stopped_early = True
@@ -378,7 +380,9 @@ class RewardTrainer:
                 self.state = self.state.replace_arrays(arrays)
                 self._skipped_steps = skipped
                 if cfg.eval.eval_steps and step % cfg.eval.eval_steps == 0 and self.eval_sets:
+                    eval_start = time.perf_counter()
                     final_metrics["eval"] = self._evaluate_and_log(logger, step)
+                    eval_seconds += time.perf_counter() - eval_start
                 if cfg.checkpoint.save_steps and step % cfg.checkpoint.save_steps == 0:
                     self._save(ckpt, step)
                     last_saved = step
@@ -387,9 +391,19 @@ class RewardTrainer:
                 if last_saved != step:
                     self._save(ckpt, step)
                 return TrainResult(final_metrics, self.run_dir, None, stopped_early=True)
-            if last_saved != step and cfg.checkpoint.save_steps:
+            if last_saved != step:  # the final state, whatever save_steps is
                 self._save(ckpt, step)
+            loop_s = time.perf_counter() - loop_start
+            export_start = time.perf_counter()
             export_dir = self._finish(logger, final_metrics, step)
+            # Where train() spent its time: the steps (compilations included; evaluations and
+            # checkpoint writes excluded), the checkpoint writes, the final evaluation + export.
+            final_metrics["timing"] = {
+                "steps_s": round(loop_s - self._save_seconds - eval_seconds, 3),
+                "checkpoint_s": round(self._save_seconds, 3),
+                "eval_s": round(eval_seconds, 3),
+                "finish_s": round(time.perf_counter() - export_start, 3),
+            }
             logger.summary(
                 {
                     "step": step,
@@ -404,6 +418,7 @@ class RewardTrainer:
             logger.close()
 
     _skipped_steps = 0
+    _save_seconds = 0.0
 
     def _stop_requested(self) -> bool:
         """True once a stop signal arrived, on every process at the same step: a scheduler signals
@@ -515,7 +530,9 @@ class RewardTrainer:
             "model_config": self.model_config.to_hf_dict(),
             "skipped_steps": int(self._skipped_steps),
         }
+        start = time.perf_counter()
         ckpt.save(step, self.state.arrays(), extra)
+        self._save_seconds += time.perf_counter() - start
 
     def _maybe_resume(self, ckpt: TrainCheckpointer) -> int:
         abstract = jax.tree.map(
