@@ -36,6 +36,13 @@ def main() -> None:
         "--bucket-lengths", default="", help="comma-separated row lengths (default: the ladder)"
     )
     parser.add_argument("--train", default=None, help="default: the bundled VADER train split")
+    parser.add_argument(
+        "--seed",
+        type=int,
+        default=None,
+        help="seeds the score head and the shuffling, as train.seed does in `rewardax train` "
+        "(default: head seed 0, shuffle seed 42, the figures in benchmarks/README.md)",
+    )
     args = parser.parse_args()
 
     assets = resources.files("rewardax") / "assets"
@@ -43,7 +50,10 @@ def main() -> None:
     heldout = {"heldout": str(assets / "vader_movie_pairs.heldout.jsonl")}
     t0 = time.perf_counter()
     tokenizer = rx.load_tokenizer(smollm2_gguf_path())
-    model = rx.AutoRewardModel.from_pretrained(smollm2_gguf_path(), dtype=args.dtype)
+    head_seed = 0 if args.seed is None else args.seed
+    model = rx.AutoRewardModel.from_pretrained(
+        smollm2_gguf_path(), dtype=args.dtype, seed=head_seed
+    )
     load_s = time.perf_counter() - t0
     buckets = [int(b) for b in args.bucket_lengths.split(",") if b]
     with tempfile.TemporaryDirectory() as tmp:
@@ -61,6 +71,7 @@ def main() -> None:
             save_directory=tmp,
             logging_steps=10,
             progress_bar=False,
+            seed=42 if args.seed is None else args.seed,
         )
         # No eval set inside the trainer: train() then times training alone.
         trainer = rx.RewardTrainer(config, tokenizer, model=model, train_dataset=train_path)
@@ -83,11 +94,14 @@ def main() -> None:
                 "layout": args.layout,
                 "bucket_lengths": buckets or "ladder",
                 "learning_rate": args.learning_rate,
+                "seed": args.seed,
+                "train_file": train_path,
                 "steps": result.metrics["step"],
                 "heldout_accuracy_before": before["accuracy"],
                 "heldout_accuracy_after": after["accuracy"],
                 "heldout_loss_after": round(after["loss"], 4),
                 "train_s": round(train_s, 1),
+                "train_timing": result.metrics["timing"],
                 "train_step_programs_compiled": compiles,
                 "eval_before_s": round(eval_before_s, 1),
                 "eval_after_s": round(eval_after_s, 1),

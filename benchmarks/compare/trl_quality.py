@@ -92,6 +92,21 @@ def ensure_checkpoint(out_dir: Path) -> Path:
     return out_dir
 
 
+def ensure_tokenizer(tok_dir: Path) -> Path:
+    """Builds SmolLM2's tokenizer directory (compare/workloads.py's, pad = EOS) with the project
+    venv, where the GGUF reader lives, unless it is already there (compare.py makes it too)."""
+    if not (tok_dir / "tokenizer.json").exists():
+        code = (
+            "import sys; from pathlib import Path; sys.path.insert(0, sys.argv[1]); "
+            "import workloads; workloads.build_tokenizer(Path(sys.argv[2]))"
+        )
+        here = str(Path(__file__).resolve().parent)
+        subprocess.run([str(PROJECT_PYTHON), "-c", code, here, str(tok_dir.parent)], check=True)
+        if not (tok_dir / "tokenizer.json").exists():
+            raise SystemExit(f"building the tokenizer did not write {tok_dir}/tokenizer.json")
+    return tok_dir
+
+
 def read_pairs(path: Path) -> list[dict]:
     """Rows {prompt, chosen, rejected} of a jsonl file (the score_* columns are not used)."""
     with path.open(encoding="utf-8") as f:
@@ -163,7 +178,8 @@ def run(args: argparse.Namespace) -> dict:
     import trl
 
     checkpoint = ensure_checkpoint(Path(args.checkpoint))
-    tok = transformers.PreTrainedTokenizerFast.from_pretrained(args.tokenizer_dir)
+    tok_dir = ensure_tokenizer(Path(args.tokenizer_dir))
+    tok = transformers.PreTrainedTokenizerFast.from_pretrained(str(tok_dir))
     train_rows = read_pairs(Path(args.train))
     held_rows = read_pairs(Path(args.heldout))
 
