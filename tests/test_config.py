@@ -265,9 +265,9 @@ def test_batch_size_helpers():
         ({"center_rewards_coefficient": -0.1}, 1, "center_rewards_coefficient=-0.1"),
         ({"bucket_lengths": (64, 1024), "max_sequence_length": 512}, 1, "bucket_lengths has 1024"),
         (
-            {"bucket_lengths": (1025,), "max_sequence_length": 512, "layout": "shared_prompt"},
+            {"bucket_lengths": (8193,), "max_sequence_length": 512, "layout": "shared_prompt"},
             1,
-            r"outside 1..2 x max_sequence_length=1024",
+            r"outside 1..2 x per_device_train_batch_size x max_sequence_length=8192",
         ),
         ({"mesh": {"dp": 2, "fsdp": 1, "tp": 1}}, 8, "= 2 but 8 devices"),
         ({"mesh": {"dp": -1, "tp": 3}}, 4, "does not divide the 4"),
@@ -321,9 +321,11 @@ def test_shipped_configs_load_and_validate():
     assert tiny.global_train_batch_size(1) == 4
 
 
-def test_shared_prompt_rows_may_be_twice_max_sequence_length():
-    """A shared_prompt row holds a prompt and two responses, so its lengths may reach
-    2 x max_sequence_length (what the packer allows); padded rows may not."""
+def test_packed_rows_may_be_longer_than_max_sequence_length():
+    """A shared_prompt row holds a prompt and two responses, a packed row several sequences, so
+    their lengths may pass max_sequence_length (what the packer allows); padded rows may not."""
     RewardConfig(bucket_lengths=(128,), max_sequence_length=64, layout="shared_prompt").validate()
+    RewardConfig(bucket_lengths=(192,), max_sequence_length=64, layout="shared_prompt").validate()
+    RewardConfig(bucket_lengths=(1024,), max_sequence_length=64, layout="packed").validate()
     with pytest.raises(ConfigError, match="bucket_lengths has 128"):
         RewardConfig(bucket_lengths=(128,), max_sequence_length=64).validate()

@@ -74,7 +74,31 @@ def layouts(records, pad_id, batch_size):
             batch_size=batch_size,
             row_lengths=packing_row_lengths(config),
         )
+    # Rows longer than any one sequence (data.bucket_lengths above max_row_length): each row
+    # then holds several pairs under one prompt-and-branches tree apiece.
+    config = DataConfig(
+        max_sequence_length=MAX_LEN, layout="shared_prompt", bucket_lengths=(3 * MAX_LEN,)
+    )
+    out["shared_prompt_long_rows"] = pack_records(
+        records,
+        pad_id,
+        layout="shared_prompt",
+        batch_size=batch_size,
+        row_lengths=packing_row_lengths(config),
+    )
     return out
+
+
+def test_rows_longer_than_a_sequence_only_when_packed():
+    """Given lengths above the longest row stay for packed layouts (max_row_length is added only
+    when none reaches it) and are dropped for padded ones."""
+    shared = DataConfig(max_sequence_length=64, layout="shared_prompt", bucket_lengths=(192,))
+    assert packing_row_lengths(shared) == (192,)
+    shared.bucket_lengths = (96,)
+    assert packing_row_lengths(shared) == (96, 128)
+    packed = DataConfig(max_sequence_length=64, layout="packed", bucket_lengths=(48, 160))
+    assert packing_row_lengths(packed) == (48, 160)
+    assert default_bucket_lengths(64, (48, 160)) == (48, 64)
 
 
 def unpack(batch: dict, pair: int) -> list[tuple[list[int], list[int]]]:
@@ -95,9 +119,10 @@ def unpack(batch: dict, pair: int) -> list[tuple[list[int], list[int]]]:
     return out
 
 
-@pytest.mark.parametrize("layout", ["packed", "shared_prompt"])
+@pytest.mark.parametrize("layout", ["packed", "shared_prompt", "shared_prompt_long_rows"])
 def test_every_pair_exactly_once_with_its_margin(records, tokenizer, layout):
     batch = layouts(records[:10], tokenizer.pad_token_id, 12)[layout]
+    shared_prompt = layout.startswith("shared_prompt")
     real_tokens = 0
     for p, record in enumerate(records[:10]):
         (c_ids, c_pos), (r_ids, r_pos) = unpack(batch, p)
@@ -105,14 +130,14 @@ def test_every_pair_exactly_once_with_its_margin(records, tokenizer, layout):
         assert r_ids == record["rejected_input_ids"].tolist()
         assert c_pos == list(range(len(c_ids))) and r_pos == list(range(len(r_ids)))
         shared = common_prefix_length(record["chosen_input_ids"], record["rejected_input_ids"])
-        real_tokens += len(c_ids) + len(r_ids) - (shared if layout == "shared_prompt" else 0)
+        real_tokens += len(c_ids) + len(r_ids) - (shared if shared_prompt else 0)
         assert batch["margin"][p] == np.float32(record["margin"])
     # Nothing else sits in the rows: every non-padding token belongs to exactly one pair.
     assert np.count_nonzero(batch["segment_ids"]) == real_tokens
     slots = batch["reward_slot"][:10].ravel()
     assert len(set(slots.tolist())) == 20  # no reward slot is read by two sequences
     np.testing.assert_array_equal(batch["pair_mask"], [1.0] * 10 + [0.0] * 2)
-    if layout == "shared_prompt":
+    if shared_prompt:
         # VADER rows share the instruction: the prompt branch is really used.
         assert np.count_nonzero((batch["branch_ids"] == 0) & (batch["segment_ids"] > 0)) > 50
 
@@ -142,7 +167,10 @@ def test_rewards_loss_and_update_equal_padded(records, tokenizer):
     )
     assert moved > 1e-3  # the step really changed the parameters
     assert float(ref_metrics["num_pairs"]) == 14.0
-    for layout in ("packed", "shared_prompt"):
+    long_rows = batches["shared_prompt_long_rows"]
+    assert long_rows["input_ids"].shape[1] == 3 * MAX_LEN
+    assert long_rows["segment_ids"].max() > 1  # a row holds more than one pair
+    for layout in ("packed", "shared_prompt", "shared_prompt_long_rows"):
         got = jax.device_get(eval_step(state.arrays(), batches[layout]))
         for side in ("chosen", "rejected"):
             np.testing.assert_allclose(got[side][:14], ref[side][:14], atol=1e-5, rtol=0)

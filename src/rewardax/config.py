@@ -719,13 +719,21 @@ def _problems(config: RewardConfig, num_devices: int, num_processes: int) -> lis
     need(d.num_workers >= 0, f"data.num_workers={d.num_workers} must be 0 or more")
     need(d.prefetch >= 0, f"data.prefetch={d.prefetch} must be 0 or more")
     need(math.isfinite(d.margin_scale), f"data.margin_scale={d.margin_scale} must be finite")
-    row_cap = d.max_row_length  # the packer's cap too (`data.packing.packing_row_lengths`)
-    cap_name = "2 x max_sequence_length" if d.layout == "shared_prompt" else "max_sequence_length"
+    if d.layout == "padded":
+        # A padded row holds one sequence: a longer bucket would only hold padding.
+        row_cap, cap_name = d.max_sequence_length, "max_sequence_length"
+        fix = "remove it or raise data.max_sequence_length"
+    else:
+        # A packed row holds several sequences (`data.packing.packing_row_lengths`), at most
+        # the whole batch: 2 x batch x max_sequence_length tokens.
+        row_cap = 2 * t.per_device_train_batch_size * d.max_sequence_length
+        cap_name = "2 x per_device_train_batch_size x max_sequence_length"
+        fix = "remove it (a row that long would hold only padding)"
     for length in d.bucket_lengths:
         need(
             1 <= length <= row_cap,
             f"data.bucket_lengths has {length}, outside 1..{cap_name}={row_cap} "
-            f"(data.layout={d.layout}); remove it or raise data.max_sequence_length",
+            f"(data.layout={d.layout}); {fix}",
         )
     data_check = getattr(d, "validate", None)  # the data section may add its own checks
     if callable(data_check):

@@ -27,18 +27,28 @@ BATCH_KEYS = ("input_ids", "attention_mask", "reward_index", "margin", "pair_mas
 
 
 def default_bucket_lengths(
-    max_sequence_length: int, bucket_lengths: Sequence[int] = (), buckets_per_octave: int = 4
+    max_sequence_length: int,
+    bucket_lengths: Sequence[int] = (),
+    buckets_per_octave: int = 4,
+    *,
+    longer_rows: bool = False,
 ) -> tuple[int, ...]:
-    """Sorted bucket lengths (the padded T a batch may have); always ends at max_sequence_length.
+    """Sorted bucket lengths (the padded T a batch may have), the longest at least
+    max_sequence_length so that every sequence fits.
 
-    Given `bucket_lengths` are used (capped at the max). Otherwise a ladder of `buckets_per_octave`
-    equal steps per doubling; below 32 the steps are those of the 32..64 octave. With 4 (the default):
+    Given `bucket_lengths` are used, capped at the max unless `longer_rows` (packed rows, which
+    hold several sequences: a row longer than the longest sequence is useful there); the max is
+    added when no given length reaches it. Otherwise a ladder of `buckets_per_octave` equal steps
+    per doubling; below 32 the steps are those of the 32..64 octave. With 4 (the default):
     8, 16, ..., 64, 80, 96, 112, 128, 160, 192, 224, 256, 320, ...; with 1: 32, 64, 128, ...
     A batch padded up to the next rung wastes at most 1/(1 + buckets_per_octave) of it (20% with 4,
     11% with 8), about half that on average; each rung a run meets is one XLA compilation.
     """
     if bucket_lengths:
-        buckets = {int(b) for b in bucket_lengths if 0 < int(b) <= max_sequence_length}
+        given = {int(b) for b in bucket_lengths if int(b) > 0}
+        if longer_rows and max(given, default=0) >= max_sequence_length:
+            return tuple(sorted(given))
+        buckets = {b for b in given if b <= max_sequence_length}
     else:
         per_octave = max(int(buckets_per_octave), 1)
         buckets, b = set(), max(32 // per_octave, 1)

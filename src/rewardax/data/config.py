@@ -36,7 +36,10 @@ class DataConfig:
         less; a resumed run re-reads at most one window. Padded layout only: packed layouts mix
         lengths on purpose.
       bucket_lengths: the padded lengths a batch may have; empty means the default ladder (see
-        buckets_per_octave). max_sequence_length is always included.
+        buckets_per_octave). max_sequence_length is always included. Packed layouts: the row
+        lengths, which may pass max_sequence_length (a row then holds several sequences; [192]
+        packs 8 VADER pairs into 3 or 4 rows); the longest row a sequence needs (max_row_length)
+        is added when no given length reaches it.
       buckets_per_octave: the default ladder: this many equal steps per doubling (4: 8, 16, ...,
         64, 80, 96, 112, 128, 160, ...; 1: powers of two from 32). Each distinct length a run meets
         is one XLA compilation: more rungs pad less but compile more programs.

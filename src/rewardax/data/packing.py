@@ -203,10 +203,15 @@ def pack_records(
 
 
 def packing_row_lengths(config: DataConfig) -> tuple[int, ...]:
-    """Allowed row lengths T of a packed batch: the bucket ladder up to max_sequence_length
-    (2 x max_sequence_length for shared_prompt, whose rows hold a prompt and two responses)."""
+    """Allowed row lengths T of a packed batch: `data.bucket_lengths` as given (rows longer than
+    one sequence hold several: e.g. [192] for 8 VADER pairs makes 3 or 4 rows, two compiled
+    shapes), else the bucket ladder up to `max_row_length` (max_sequence_length; twice it for
+    shared_prompt, whose rows hold a prompt and two responses)."""
     return default_bucket_lengths(
-        config.max_row_length, config.bucket_lengths, config.buckets_per_octave
+        config.max_row_length,
+        config.bucket_lengths,
+        config.buckets_per_octave,
+        longer_rows=True,
     )
 
 
