@@ -4,7 +4,9 @@
 
 Human ratings (Hutto & Gilbert, ICWSM 2014; about 20 raters a sentence, -4 to +4). Under the prompt
 below a sentence rated >= +1.5 is preferred over one rated <= -1.5. Sentences are shuffled with a fixed
-seed and paired once each; the first 640 pairs train, the next 256 are held out. The output is
+seed and paired once each; the first 640 pairs train (issue #4's recipe), the next 256 are held out,
+and the 320 after those are `train_extra`: the default job trains on train + train_extra (960
+distinct pairs; benchmarks/README.md has the held-out accuracy of each). The output is
 deterministic, so rerunning this script reproduces the shipped files byte for byte.
 """
 
@@ -16,7 +18,7 @@ import sys
 from pathlib import Path
 
 PROMPT = "Write one sentence about a film you saw.\n"
-TRAIN_PAIRS, HELDOUT_PAIRS = 640, 256
+TRAIN_PAIRS, HELDOUT_PAIRS, EXTRA_PAIRS = 640, 256, 320
 ASSETS = Path(__file__).resolve().parents[1] / "src" / "rewardax" / "assets"
 
 
@@ -45,6 +47,7 @@ def main(source: str) -> None:
     splits = {
         "train": pairs[:TRAIN_PAIRS],
         "heldout": pairs[TRAIN_PAIRS : TRAIN_PAIRS + HELDOUT_PAIRS],
+        "train_extra": pairs[TRAIN_PAIRS + HELDOUT_PAIRS : TRAIN_PAIRS + HELDOUT_PAIRS + EXTRA_PAIRS],
     }
     for name, split in splits.items():
         path = ASSETS / f"vader_movie_pairs.{name}.jsonl"

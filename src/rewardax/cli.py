@@ -18,7 +18,11 @@ from rewardax.errors import ConfigError, DataError, ModelLoadError, RewardaxErro
 
 ASSETS = resources.files("rewardax") / "assets"
 CONFIGS = resources.files("rewardax") / "configs"
-DEFAULT_TRAIN = str(ASSETS / "vader_movie_pairs.train.jsonl")
+# The default job trains on 960 distinct pairs: issue #4's 640 and 320 more (assets/README.md).
+DEFAULT_TRAIN = [
+    str(ASSETS / "vader_movie_pairs.train.jsonl"),
+    str(ASSETS / "vader_movie_pairs.train_extra.jsonl"),
+]
 DEFAULT_EVAL = {"heldout": str(ASSETS / "vader_movie_pairs.heldout.jsonl")}
 DEFAULT_CONFIG = str(CONFIGS / "default.yaml")
 
