@@ -44,11 +44,13 @@ def main(source: str) -> None:
         }
         for (sc, chosen), (sr, rejected) in zip(positive, negative, strict=False)
     ]
-    splits = {
-        "train": pairs[:TRAIN_PAIRS],
-        "heldout": pairs[TRAIN_PAIRS : TRAIN_PAIRS + HELDOUT_PAIRS],
-        "train_extra": pairs[TRAIN_PAIRS + HELDOUT_PAIRS : TRAIN_PAIRS + HELDOUT_PAIRS + EXTRA_PAIRS],
-    }
+    splits, start = {}, 0
+    for name, size in (
+        ("train", TRAIN_PAIRS),
+        ("heldout", HELDOUT_PAIRS),
+        ("train_extra", EXTRA_PAIRS),
+    ):
+        splits[name], start = pairs[start : start + size], start + size
     for name, split in splits.items():
         path = ASSETS / f"vader_movie_pairs.{name}.jsonl"
         with open(path, "w", encoding="utf-8") as out:

@@ -3,15 +3,12 @@
 from __future__ import annotations
 
 import json
-from importlib import resources
 
 from rewardax import cli
 
-ASSETS = resources.files("rewardax") / "assets"
-
 
 def _pairs(name: str) -> list[dict]:
-    with (ASSETS / f"vader_movie_pairs.{name}.jsonl").open(encoding="utf-8") as f:
+    with (cli.ASSETS / f"vader_movie_pairs.{name}.jsonl").open(encoding="utf-8") as f:
         return [json.loads(line) for line in f]
 
 
