@@ -29,6 +29,9 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=None, help="default: one pass per epoch")
     parser.add_argument("--epochs", type=int, default=1)
     parser.add_argument("--dtype", default="float32")
+    parser.add_argument(
+        "--matmul-dtype", default=None, help="model.matmul_dtype (default: --dtype)"
+    )
     parser.add_argument("--max-length", type=int, default=64)
     parser.add_argument("--learning-rate", type=float, default=2e-5)
     parser.add_argument("--layout", default="padded", choices=["padded", "packed", "shared_prompt"])
@@ -52,7 +55,7 @@ def main() -> None:
     tokenizer = rx.load_tokenizer(smollm2_gguf_path())
     head_seed = 0 if args.seed is None else args.seed
     model = rx.AutoRewardModel.from_pretrained(
-        smollm2_gguf_path(), dtype=args.dtype, seed=head_seed
+        smollm2_gguf_path(), dtype=args.dtype, matmul_dtype=args.matmul_dtype, seed=head_seed
     )
     load_s = time.perf_counter() - t0
     buckets = [int(b) for b in args.bucket_lengths.split(",") if b]
@@ -91,6 +94,7 @@ def main() -> None:
             {
                 "devices": str(jax.devices()),
                 "dtype": args.dtype,
+                "matmul_dtype": args.matmul_dtype,
                 "layout": args.layout,
                 "bucket_lengths": buckets or "ladder",
                 "learning_rate": args.learning_rate,

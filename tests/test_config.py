@@ -150,6 +150,7 @@ def test_overrides_are_parsed_by_field_type():
             "center_rewards_coefficient=0.01",
             "bucket_lengths=[64,128]",
             "model.remat_policy=none",  # a Literal choice, not null
+            "matmul_dtype=bfloat16",  # an optional Literal
             "checkpoint.run_name=2024",
             "mesh.dp=2",
         ]
@@ -162,6 +163,8 @@ def test_overrides_are_parsed_by_field_type():
     assert config.train.center_rewards_coefficient == 0.01
     assert config.data.bucket_lengths == (64, 128)
     assert config.model.remat_policy == "none"
+    assert config.model.matmul_dtype == "bfloat16"
+    assert base.model.matmul_dtype is None
     assert config.checkpoint.run_name == "2024"
     assert config.mesh.dp == 2
     assert base == RewardConfig()  # with_overrides returns a new config

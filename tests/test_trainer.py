@@ -7,6 +7,7 @@ import signal
 from importlib import resources
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 
@@ -142,6 +143,23 @@ def test_eval_counts_every_pair_once_and_export_matches(tokenizer, tmp_path):
             )
         )
     )
+
+    # model.path + model.matmul_dtype: the trainer loads the export with bf16 matmuls (float32
+    # parameters and activations); its held-out rewards stay close to the float32 ones.
+    mixed = rx.RewardTrainer(
+        make_config(
+            tmp_path, run_name="mixed", path=str(result.export_dir), matmul_dtype="bfloat16"
+        ),
+        tokenizer,
+        eval_dataset=heldout[:8],
+    )
+    layers = mixed.state.model.model.layers
+    assert layers.mlp.down_proj.matmul_dtype == jnp.bfloat16
+    assert layers.mlp.down_proj.kernel[...].dtype == jnp.float32
+    mixed.evaluate()
+    got = mixed._last_rewards["eval"]["chosen"]
+    np.testing.assert_allclose(got, rewards["chosen"][:8], atol=0.05, rtol=0.05)
+    assert not np.array_equal(got, rewards["chosen"][:8])
 
 
 def test_nan_policy_error_stops_and_keeps_the_clean_checkpoint(tokenizer, tmp_path):

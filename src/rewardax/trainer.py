@@ -206,6 +206,7 @@ class RewardTrainer:
                 path,
                 dtype=cfg.model.dtype,
                 param_dtype=cfg.model.param_dtype,
+                matmul_dtype=cfg.model.matmul_dtype,
                 num_labels=cfg.model.num_labels,
                 remat_policy=cfg.model.remat_policy,
                 dropout_rate=cfg.model.dropout_rate,

@@ -31,6 +31,7 @@ class AutoRewardModel:
         remat_policy: str = "none",
         dropout_rate: float = 0.0,
         seed: int = 0,
+        matmul_dtype: Any = None,
     ) -> RewardModel:
         """Load a reward model.
 
@@ -38,7 +39,8 @@ class AutoRewardModel:
           path: a Hugging Face directory (config.json + model.safetensors or a sharded
             ``*.safetensors.index.json``; ``*ForCausalLM`` gets a new score head,
             ``*ForSequenceClassification`` keeps its head) or a ``.gguf`` file.
-          dtype: compute dtype; param_dtype: storage dtype (default: ``dtype``).
+          dtype: compute dtype; param_dtype: storage dtype (default: ``dtype``);
+            matmul_dtype: dtype of the projection matmuls' inputs (default: ``dtype``).
           num_labels: width of the score head; must match a loaded head.
           remat_policy, dropout_rate: see :class:`RewardModel`.
           seed: initialises a new score head.
@@ -55,6 +57,7 @@ class AutoRewardModel:
             "remat_policy": remat_policy,
             "dropout_rate": dropout_rate,
             "seed": seed,
+            "matmul_dtype": matmul_dtype,
         }
         if not path.exists():
             if _looks_like_hub_name(str(path)):

@@ -133,6 +133,7 @@ def load_gguf(
     remat_policy: str = "none",
     dropout_rate: float = 0.0,
     seed: int = 0,
+    matmul_dtype: Any = None,
 ) -> RewardModel:
     """RewardModel from a ``.gguf`` file; the score head is new (GGUFs are causal LMs)."""
     import gguf
@@ -196,4 +197,5 @@ def load_gguf(
         remat_policy=remat_policy,
         dropout_rate=dropout_rate,
         seed=seed,
+        matmul_dtype=matmul_dtype,
     )

@@ -51,6 +51,7 @@ def assemble_model(
     remat_policy: str = "none",
     dropout_rate: float = 0.0,
     seed: int = 0,
+    matmul_dtype: Any = None,
 ) -> RewardModel:
     """Build ``RewardModel(config)`` from HF-named tensors, one tensor in host memory at a time.
 
@@ -69,6 +70,7 @@ def assemble_model(
             remat_policy=remat_policy,
             dropout_rate=dropout_rate,
             rngs=nnx.Rngs(seed),
+            matmul_dtype=matmul_dtype,
         )
 
     abstract = nnx.eval_shape(make)
@@ -266,6 +268,7 @@ def load_hf_directory(
     remat_policy: str = "none",
     dropout_rate: float = 0.0,
     seed: int = 0,
+    matmul_dtype: Any = None,
 ) -> RewardModel:
     """RewardModel from a HF directory (``*ForCausalLM``: new head; ``*ForSequenceClassification``:
     head loaded, its ``num_labels`` must equal ``num_labels``)."""
@@ -303,6 +306,7 @@ def load_hf_directory(
             remat_policy=remat_policy,
             dropout_rate=dropout_rate,
             seed=seed,
+            matmul_dtype=matmul_dtype,
         )
 
 

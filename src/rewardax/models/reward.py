@@ -68,6 +68,9 @@ class RewardModel(nnx.Module):
       dtype: compute dtype ("float32" or "bfloat16"); attention softmax, norms and the reward
         head always run in float32.
       param_dtype: storage dtype of the parameters (e.g. float32 master weights, bf16 compute).
+      matmul_dtype: dtype the inputs of every projection matmul are cast to (float32
+        accumulation); None = ``dtype``. "bfloat16" with float32 ``dtype`` keeps activations,
+        norms and softmax in float32 and runs only the matmuls in bf16.
       remat_policy: gradient checkpointing per decoder layer: "none", "full" (recompute all),
         "save_dots" (keep matmul outputs without batch dims, recompute the rest).
       dropout_rate: residual dropout after attention and MLP; active only with
@@ -92,12 +95,16 @@ class RewardModel(nnx.Module):
         remat_policy: str = "none",
         dropout_rate: float = 0.0,
         rngs: nnx.Rngs,
+        matmul_dtype: Any = None,
     ):
         if not 0.0 <= dropout_rate < 1.0:
             raise ConfigError(f"dropout_rate={dropout_rate} must be in [0, 1).")
         self.config = config
         self.dtype = _check_dtype("dtype", dtype)
         self.param_dtype = _check_dtype("param_dtype", param_dtype)
+        self.matmul_dtype = (
+            None if matmul_dtype is None else _check_dtype("matmul_dtype", matmul_dtype)
+        )
         self.model = Decoder(
             config,
             dtype=self.dtype,
@@ -105,6 +112,7 @@ class RewardModel(nnx.Module):
             remat_policy=remat_policy,
             dropout_rate=dropout_rate,
             rngs=rngs,
+            matmul_dtype=self.matmul_dtype,
         )
         # std 1/sqrt(hidden+1): unit-variance rewards for unit-variance features at the start.
         self.score = Projection(

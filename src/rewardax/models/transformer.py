@@ -14,6 +14,7 @@ Hugging Face's ``[out, in]`` matrices.
 
 from __future__ import annotations
 
+import functools
 import itertools
 import math
 from collections.abc import Sequence
@@ -62,7 +63,13 @@ class RMSNorm(nnx.Module):
 
 
 class Projection(nnx.Module):
-    """``y = x @ kernel (+ bias)`` contracting the leading ``len(in_shape)`` kernel axes."""
+    """``y = x @ kernel (+ bias)`` contracting the leading ``len(in_shape)`` kernel axes.
+
+    ``matmul_dtype`` (None = the activations' dtype) is the dtype the matmul's two inputs are cast
+    to; products accumulate and come out in float32, then in x's dtype. bfloat16 here with float32
+    activations is the usual mixed precision: 2-3x faster matmuls where the hardware has bf16 units
+    (AMX on recent Xeons, any GPU or TPU), everything else in float32.
+    """
 
     def __init__(
         self,
@@ -74,8 +81,10 @@ class Projection(nnx.Module):
         std: float,
         param_dtype: Any,
         rngs: nnx.Rngs,
+        matmul_dtype: Any = None,
     ):
         self.n_in = len(in_shape)
+        self.matmul_dtype = None if matmul_dtype is None else jnp.dtype(matmul_dtype)
         self.kernel = _param(rngs, (*in_shape, *out_shape), names, param_dtype, std)
         self.bias = (
             _param(None, out_shape, names[self.n_in :], param_dtype, 0.0) if use_bias else None
@@ -89,12 +98,63 @@ class Projection(nnx.Module):
         # One 2-D matmul [rows, in] @ [in, out]: contracting over the row axes N and T at once in
         # the backward pass (dW = x^T dy) made XLA:CPU copy dy transposed in every layer, 20% of
         # a SmolLM2 gradient step (benchmarks/README.md); the reshapes are free.
-        y = jnp.dot(
-            x.reshape(-1, math.prod(contracted)), kernel.reshape(math.prod(contracted), -1)
-        ).reshape(*lead, *out_shape)
+        x2 = x.reshape(-1, math.prod(contracted))
+        if self.matmul_dtype is None or self.matmul_dtype == x.dtype:
+            y = jnp.dot(x2, kernel.reshape(math.prod(contracted), -1))
+        else:
+            y = mixed_matmul(x2, self.kernel[...].reshape(x2.shape[1], -1), self.matmul_dtype)
+        y = y.reshape(*lead, *out_shape)
         if self.bias is not None:
             y = y + self.bias[...].astype(x.dtype)
         return y
+
+
+def _physical_transpose(a: jax.Array) -> jax.Array | None:
+    """[M, K] -> [K, M] as a real copy, or None when K is odd.
+
+    A plain transpose feeding a dot is folded into the dot's dimension numbers, and XLA:CPU runs
+    a bfloat16 dot contracting both operands' first axes (the weight gradient x^T dy) upcast to
+    float32 through Eigen: 3-4x slower than the YNNPACK kernel it uses for [M, K] @ [K, N]
+    (benchmarks/README.md). Going through [M, K/2, 2] hides the transpose from that rewrite; the
+    copy costs one pass over x.
+    """
+    m, k = a.shape
+    if k % 2:
+        return None
+    return a.reshape(m, k // 2, 2).transpose(1, 2, 0).reshape(k, m)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(2,))
+def mixed_matmul(x: jax.Array, kernel: jax.Array, matmul_dtype: Any) -> jax.Array:
+    """``x @ kernel`` with both inputs cast to ``matmul_dtype``, float32 accumulation; x [M, K],
+    kernel [K, N] -> [M, N] in x's dtype. The gradients come out in x's and kernel's dtypes."""
+    return _mixed_forward(x, kernel, matmul_dtype)[0]
+
+
+def _mixed_forward(x: jax.Array, kernel: jax.Array, matmul_dtype: Any):
+    xc = x.astype(matmul_dtype)
+    y = jnp.dot(xc, kernel.astype(matmul_dtype), preferred_element_type=jnp.float32)
+    # The kernel itself is kept, not its cast copy: inside the layer scan a residual that is a
+    # slice of the stacked parameters is read in place, a new array would be stacked per layer.
+    return y.astype(x.dtype), (xc, kernel)
+
+
+def _mixed_backward(matmul_dtype: Any, residuals, grad_y: jax.Array):
+    xc, kernel = residuals
+    g = grad_y.astype(matmul_dtype)
+    f32 = jnp.float32
+    grad_x = jax.lax.dot_general(
+        g, kernel.astype(matmul_dtype), (((1,), (1,)), ((), ())), preferred_element_type=f32
+    )
+    xt = _physical_transpose(xc)
+    if xt is None:
+        grad_k = jax.lax.dot_general(xc, g, (((0,), (0,)), ((), ())), preferred_element_type=f32)
+    else:
+        grad_k = jnp.dot(xt, g, preferred_element_type=f32)
+    return grad_x.astype(grad_y.dtype), grad_k.astype(kernel.dtype)
+
+
+mixed_matmul.defvjp(_mixed_forward, _mixed_backward)
 
 
 def rope_inverse_frequencies(config: ModelConfig) -> tuple[np.ndarray, float]:
@@ -196,7 +256,9 @@ def _attend(
 class Attention(nnx.Module):
     """Grouped-query self-attention with RoPE, optional q/k/v bias (Qwen2), q/k norm (Qwen3)."""
 
-    def __init__(self, config: ModelConfig, *, param_dtype: Any, rngs: nnx.Rngs):
+    def __init__(
+        self, config: ModelConfig, *, param_dtype: Any, rngs: nnx.Rngs, matmul_dtype: Any = None
+    ):
         e, h, k, d = (
             config.hidden_size,
             config.num_attention_heads,
@@ -204,7 +266,12 @@ class Attention(nnx.Module):
             config.resolved_head_dim,
         )
         std = config.initializer_range
-        kw: dict[str, Any] = {"param_dtype": param_dtype, "rngs": rngs, "std": std}
+        kw: dict[str, Any] = {
+            "param_dtype": param_dtype,
+            "rngs": rngs,
+            "std": std,
+            "matmul_dtype": matmul_dtype,
+        }
         bias = bool(config.attention_bias)
         self.q_proj = Projection((e,), (h, d), ("embed", "heads", "head_dim"), use_bias=bias, **kw)
         self.k_proj = Projection(
@@ -253,10 +320,13 @@ class Attention(nnx.Module):
 class MLP(nnx.Module):
     """SwiGLU: ``down(silu(gate(x)) * up(x))``."""
 
-    def __init__(self, config: ModelConfig, *, param_dtype: Any, rngs: nnx.Rngs):
+    def __init__(
+        self, config: ModelConfig, *, param_dtype: Any, rngs: nnx.Rngs, matmul_dtype: Any = None
+    ):
         e, m = config.hidden_size, config.intermediate_size
         kw: dict[str, Any] = {
             "param_dtype": param_dtype,
+            "matmul_dtype": matmul_dtype,
             "rngs": rngs,
             "std": config.initializer_range,
             "use_bias": False,
@@ -301,17 +371,25 @@ class DecoderLayer(nnx.Module):
     """Pre-norm block: ``x + attn(norm(x))`` then ``h + mlp(norm(h))``; dropout on each branch."""
 
     def __init__(
-        self, config: ModelConfig, *, param_dtype: Any, dropout_rate: float, rngs: nnx.Rngs
+        self,
+        config: ModelConfig,
+        *,
+        param_dtype: Any,
+        dropout_rate: float,
+        rngs: nnx.Rngs,
+        matmul_dtype: Any = None,
     ):
         eps = config.rms_norm_eps
         self.input_layernorm = RMSNorm(
             config.hidden_size, eps, names=("norm",), param_dtype=param_dtype
         )
-        self.self_attn = Attention(config, param_dtype=param_dtype, rngs=rngs)
+        self.self_attn = Attention(
+            config, param_dtype=param_dtype, rngs=rngs, matmul_dtype=matmul_dtype
+        )
         self.post_attention_layernorm = RMSNorm(
             config.hidden_size, eps, names=("norm",), param_dtype=param_dtype
         )
-        self.mlp = MLP(config, param_dtype=param_dtype, rngs=rngs)
+        self.mlp = MLP(config, param_dtype=param_dtype, rngs=rngs, matmul_dtype=matmul_dtype)
         # No RNG stream of its own: keys come from the caller (`dropout_rng`), so the stacked,
         # scanned layers stay pure functions of their parameters.
         self.dropout = nnx.Dropout(dropout_rate) if dropout_rate > 0 else None
@@ -358,6 +436,7 @@ class Decoder(nnx.Module):
         remat_policy: str,
         dropout_rate: float,
         rngs: nnx.Rngs,
+        matmul_dtype: Any = None,
     ):
         if remat_policy not in REMAT_POLICIES:
             raise ConfigError(
@@ -381,7 +460,13 @@ class Decoder(nnx.Module):
         self.dropout_rate = dropout_rate
         self.layers = stack_layers(
             [
-                DecoderLayer(config, param_dtype=param_dtype, dropout_rate=dropout_rate, rngs=rngs)
+                DecoderLayer(
+                    config,
+                    param_dtype=param_dtype,
+                    dropout_rate=dropout_rate,
+                    rngs=rngs,
+                    matmul_dtype=matmul_dtype,
+                )
                 for _ in range(config.num_hidden_layers)
             ]
         )
