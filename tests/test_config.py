@@ -316,7 +316,8 @@ def test_shipped_configs_load_and_validate():
     assert (default.optim.learning_rate, default.optim.schedule) == (2e-5, "linear")
     assert default.optim.warmup_steps == 5
     assert default.data.max_sequence_length == 64
-    assert (default.data.layout, default.data.bucket_lengths) == ("shared_prompt", (128,))
+    assert (default.data.layout, default.data.bucket_lengths) == ("shared_prompt", (128, 192))
+    assert (default.model.dtype, default.model.matmul_dtype) == ("float32", "bfloat16")
     assert default.eval.eval_at_start and default.eval.eval_steps is None
     assert default.model.path is None
     tiny = RewardConfig.from_yaml(CONFIGS / "tiny.yaml").validate(8)
