@@ -60,14 +60,14 @@ def matmul_layouts() -> dict:
         )
 
     cases = {
-        "forward x@W": lambda x, w, dy: dot(x, w),
-        "input grad dy@W^T": lambda x, w, dy: dot(dy, w, last_axes),
-        "weight grad x^T dy": lambda x, w, dy: dot(x, dy, first_axes),
+        "forward x@W": lambda x, w, dy, d: dot(x, w, dtype=d),
+        "input grad dy@W^T": lambda x, w, dy, d: dot(dy, w, last_axes, dtype=d),
+        "weight grad x^T dy": lambda x, w, dy, d: dot(x, dy, first_axes, dtype=d),
     }
     out = {}
     for dtype in (f32, bf):
         for name, fn in cases.items():
-            ms = _best(jax.jit(lambda x, w, dy, fn=fn, d=dtype: fn(x.astype(d), w, dy)), x, w, dy)
+            ms = _best(jax.jit(lambda x, w, dy, fn=fn, d=dtype: fn(x, w, dy, d)), x, w, dy)
             out[f"{jnp.dtype(dtype).name} {name}"] = round(ms * 1e3, 2)
     ms = _best(jax.jit(lambda x, dy: dot(_physical_transpose(x.astype(bf)), dy, dtype=bf)), x, dy)
     out["bfloat16 weight grad, physical transpose"] = round(ms * 1e3, 2)
