@@ -9,10 +9,12 @@ by default (both operands contracted on their first axis) and once through
 `transformer._physical_transpose` (what `mixed_matmul` does). Prints the best of 3 x 20 calls.
 
 Part 2, the gradient of the summed rewards of `--rows` x `--length` random tokens through the
-bundled SmolLM2-135M-Instruct, once with `matmul_dtype=None` (float32) and once with bfloat16;
-both compiled first, then called alternately `--pairs` times so that machine noise hits both
-alike. Prints each setting's sorted times, the median ratio, and how far the bf16 gradients are
-from the float32 ones (relative L2 error per tensor). bf16 pays off only on CPUs with bf16 units
+bundled SmolLM2-135M-Instruct (float32 parameters) in three settings: float32, bf16 matmuls
+(`matmul_dtype=bfloat16`) and bf16 activations (`dtype=bfloat16`); all compiled first, then
+called in turn `--pairs` times so that machine noise hits them alike. Prints each setting's sorted
+times, its median ratio to float32, its minor page faults per call (fresh memory the step
+touches), and how far the bf16-matmul gradients are from the float32 ones (relative L2 error per
+tensor). bf16 pays off only on CPUs with bf16 units
 (`amx_bf16` / `avx512_bf16` in /proc/cpuinfo, printed); without them XLA upcasts the dots.
 """
 
@@ -20,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import resource
 import statistics
 import time
 from pathlib import Path
@@ -77,10 +80,15 @@ def matmul_layouts() -> dict:
 def gradient_ab(rows: int, length: int, pairs: int) -> dict:
     ids = jax.random.randint(jax.random.key(1), (rows, length), 3, 49152)
     mask = jnp.ones((rows, length), jnp.int32)
+    settings = {  # name: (dtype, matmul_dtype); parameters float32 in all three
+        "float32": ("float32", None),
+        "bfloat16": ("float32", "bfloat16"),
+        "bf16_activations": ("bfloat16", None),
+    }
     programs = {}
-    for name in ("float32", "bfloat16"):
+    for name, (dtype, matmul_dtype) in settings.items():
         model = rx.AutoRewardModel.from_pretrained(
-            smollm2_gguf_path(), matmul_dtype=None if name == "float32" else name
+            smollm2_gguf_path(), dtype=dtype, param_dtype="float32", matmul_dtype=matmul_dtype
         )
         graphdef, params, rest = nnx.split(model, nnx.Param, ...)
 
@@ -91,11 +99,14 @@ def gradient_ab(rows: int, length: int, pairs: int) -> dict:
         jax.block_until_ready(grad(params))
         programs[name] = (grad, params)
     times: dict[str, list[float]] = {name: [] for name in programs}
+    faults: dict[str, int] = dict.fromkeys(programs, 0)
     for _ in range(pairs):
         for name, (grad, params) in programs.items():
+            before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
             start = time.perf_counter()
             jax.block_until_ready(grad(params))
             times[name].append(time.perf_counter() - start)
+            faults[name] += resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before
     ref = jax.tree.leaves(programs["float32"][0](programs["float32"][1]))
     got = jax.tree.leaves(programs["bfloat16"][0](programs["bfloat16"][1]))
     rel = sorted(
@@ -105,7 +116,10 @@ def gradient_ab(rows: int, length: int, pairs: int) -> dict:
     return {
         "shape": [rows, length],
         "seconds": {name: [round(t, 3) for t in sorted(v)] for name, v in times.items()},
-        "median_ratio_bf16_over_f32": round(medians["bfloat16"] / medians["float32"], 3),
+        "median_ratio_over_float32": {
+            name: round(medians[name] / medians["float32"], 3) for name in medians
+        },
+        "minor_page_faults_per_call": {name: n // pairs for name, n in faults.items()},
         "grad_rel_err_median": round(rel[len(rel) // 2], 4),
         "grad_rel_err_max": round(rel[-1], 4),
     }

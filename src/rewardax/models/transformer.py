@@ -67,8 +67,9 @@ class Projection(nnx.Module):
 
     ``matmul_dtype`` (None = the activations' dtype) is the dtype the matmul's two inputs are cast
     to; products accumulate and come out in float32, then in x's dtype. bfloat16 here with float32
-    activations is the usual mixed precision: 2-3x faster matmuls where the hardware has bf16 units
-    (AMX on recent Xeons, any GPU or TPU), everything else in float32.
+    activations is the usual mixed precision: about 2x faster matmuls on a CPU with AMX
+    (benchmarks/bench_matmul_dtype.py), and the usual choice on GPUs and TPUs; everything else
+    stays float32.
     """
 
     def __init__(
