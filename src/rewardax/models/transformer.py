@@ -115,7 +115,7 @@ def _physical_transpose(a: jax.Array) -> jax.Array | None:
 
     A plain transpose feeding a dot is folded into the dot's dimension numbers, and XLA:CPU runs
     a bfloat16 dot contracting both operands' first axes (the weight gradient x^T dy) upcast to
-    float32 through Eigen: 3-4x slower than the YNNPACK kernel it uses for [M, K] @ [K, N]
+    float32 through Eigen: 2.4-3.6x slower than the YNNPACK kernel it uses for [M, K] @ [K, N]
     (benchmarks/README.md). Going through [M, K/2, 2] hides the transpose from that rewrite; the
     copy costs one pass over x.
     """
