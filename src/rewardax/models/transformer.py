@@ -93,17 +93,18 @@ class Projection(nnx.Module):
 
     def __call__(self, x: jax.Array) -> jax.Array:
         """x: [..., *in_shape] -> [..., *out_shape] in x's dtype."""
-        kernel = self.kernel[...].astype(x.dtype)
+        kernel = self.kernel[...]
         lead, contracted = x.shape[: x.ndim - self.n_in], kernel.shape[: self.n_in]
         out_shape = kernel.shape[self.n_in :]
         # One 2-D matmul [rows, in] @ [in, out]: contracting over the row axes N and T at once in
         # the backward pass (dW = x^T dy) made XLA:CPU copy dy transposed in every layer, 20% of
         # a SmolLM2 gradient step (benchmarks/README.md); the reshapes are free.
         x2 = x.reshape(-1, math.prod(contracted))
+        kernel2 = kernel.reshape(x2.shape[1], -1)
         if self.matmul_dtype is None or self.matmul_dtype == x.dtype:
-            y = jnp.dot(x2, kernel.reshape(math.prod(contracted), -1))
+            y = jnp.dot(x2, kernel2.astype(x.dtype))
         else:
-            y = mixed_matmul(x2, self.kernel[...].reshape(x2.shape[1], -1), self.matmul_dtype)
+            y = mixed_matmul(x2, kernel2, self.matmul_dtype)
         y = y.reshape(*lead, *out_shape)
         if self.bias is not None:
             y = y + self.bias[...].astype(x.dtype)
