@@ -112,8 +112,6 @@ def make_train_step(
         params, rest, step = arrays["params"], arrays["rest"], arrays["step"]
         total_pairs = jnp.maximum(jnp.sum(batch["pair_mask"].astype(jnp.float32)), 1.0)
         step_key = jax.random.fold_in(jax.random.wrap_key_data(arrays["rng"]), step)
-        micro = _microbatches(batch, accumulation_steps)
-
         def body(carry, xs):
             grads_acc, sums_acc = carry
             index, mb = xs
@@ -123,18 +121,25 @@ def make_train_step(
             sums_acc = jax.tree.map(jnp.add, sums_acc, sums)
             return (grads_acc, sums_acc), None
 
-        zero_grads = jax.tree.map(lambda p: jnp.zeros(p.shape, jnp.float32), params)
-        # The shapes of the sums, without running anything.
-        zero_sums = jax.tree.map(
-            lambda x: jnp.zeros(x.shape, x.dtype),
-            jax.eval_shape(
-                lambda mb: grad_fn(params, rest, mb, total_pairs, None)[1],
-                jax.tree.map(lambda x: x[0], micro),
-            ),
-        )
-        (grads, sums), _ = jax.lax.scan(
-            body, (zero_grads, zero_sums), (jnp.arange(accumulation_steps), micro)
-        )
+        if accumulation_steps == 1:
+            # No loop: a scan of length 1 would zero-fill and add a float32 buffer the size of
+            # the parameters every step (0 + g == g: the same values).
+            rng = jax.random.fold_in(step_key, 0) if dropout else None
+            grads, sums = grad_fn(params, rest, batch, total_pairs, rng)
+        else:
+            micro = _microbatches(batch, accumulation_steps)
+            zero_grads = jax.tree.map(lambda p: jnp.zeros(p.shape, jnp.float32), params)
+            # The shapes of the sums, without running anything.
+            zero_sums = jax.tree.map(
+                lambda x: jnp.zeros(x.shape, x.dtype),
+                jax.eval_shape(
+                    lambda mb: grad_fn(params, rest, mb, total_pairs, None)[1],
+                    jax.tree.map(lambda x: x[0], micro),
+                ),
+            )
+            (grads, sums), _ = jax.lax.scan(
+                body, (zero_grads, zero_sums), (jnp.arange(accumulation_steps), micro)
+            )
         grads = jax.tree.map(lambda g, p: g.astype(p.dtype), grads, params)
         grad_norm = optax.tree.norm(grads)
         metrics = losses.metrics_from_sums(sums)
