@@ -112,6 +112,7 @@ def make_train_step(
         params, rest, step = arrays["params"], arrays["rest"], arrays["step"]
         total_pairs = jnp.maximum(jnp.sum(batch["pair_mask"].astype(jnp.float32)), 1.0)
         step_key = jax.random.fold_in(jax.random.wrap_key_data(arrays["rng"]), step)
+
         def body(carry, xs):
             grads_acc, sums_acc = carry
             index, mb = xs
