@@ -51,6 +51,8 @@ def main() -> None:
     assets = resources.files("rewardax") / "assets"
     train_path = args.train or str(assets / "vader_movie_pairs.train.jsonl")
     heldout = {"heldout": str(assets / "vader_movie_pairs.heldout.jsonl")}
+    # Before the model load starts JAX's CPU backend; `rewardax train` does the same.
+    rx.retain_freed_memory()
     t0 = time.perf_counter()
     tokenizer = rx.load_tokenizer(smollm2_gguf_path())
     head_seed = 0 if args.seed is None else args.seed
@@ -93,6 +95,7 @@ def main() -> None:
         json.dumps(
             {
                 "devices": str(jax.devices()),
+                "host_memory": rx.hostmem.status(),
                 "dtype": args.dtype,
                 "matmul_dtype": args.matmul_dtype,
                 "layout": args.layout,

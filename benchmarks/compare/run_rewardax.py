@@ -42,6 +42,7 @@ def train(result: Result, args) -> None:
 
     import rewardax as rx
 
+    rx.retain_freed_memory()  # before the model below starts JAX's CPU backend
     result.version = rx.__version__
     n_steps = args.warmup + args.steps
     meta, rows = read_workload(args.workload_dir, n_steps * BATCH_PAIRS)

@@ -13,6 +13,7 @@ from rewardax.errors import (
     NonFiniteError,
     RewardaxError,
 )
+from rewardax.hostmem import retain_freed_memory
 from rewardax.models import AutoRewardModel, ModelConfig, RewardModel, RewardOutput, load_tokenizer
 from rewardax.state import RewardState
 from rewardax.trainer import RewardTrainer, TrainResult
@@ -36,4 +37,5 @@ __all__ = [
     "ShardedDataSource",
     "TrainResult",
     "load_tokenizer",
+    "retain_freed_memory",
 ]

@@ -462,6 +462,9 @@ COMMANDS = {"train": cmd_train, "eval": cmd_eval, "score": cmd_score, "export": 
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the `rewardax` console script; returns the exit status."""
+    from rewardax import hostmem
+
+    hostmem.retain_freed_memory()  # first: it only applies before JAX's CPU backend starts
     parser = build_parser()
     args, extra = parser.parse_known_args(argv)
     try:

@@ -22,7 +22,7 @@ import numpy as np
 from flax import nnx
 
 from rewardax import data as rdata
-from rewardax import distributed
+from rewardax import distributed, hostmem
 from rewardax.checkpoint import CHECKPOINT_SUBDIR, TrainCheckpointer
 from rewardax.config import RewardConfig
 from rewardax.errors import CheckpointError, ConfigError, NonFiniteError
@@ -109,6 +109,8 @@ class RewardTrainer:
                 "its own loader (length-grouped, resumable). Pass data_collator=None, or use "
                 "trainer.create_tfds_collect_function(...) with your own loop"
             )
+        # Before anything starts JAX's CPU backend, or it cannot apply (see rewardax.hostmem).
+        hostmem.retain_freed_memory()
         # Multi-process jobs join jax.distributed here, before the first device query (a no-op
         # when already initialized or when nothing asks for several processes).
         distributed.initialize(arguments)
@@ -411,6 +413,7 @@ class RewardTrainer:
                     "export_dir": str(export_dir),
                     "data": final_metrics["data"],
                     "train": final_metrics.get("train", {}),
+                    "host_memory": hostmem.status(),
                 }
             )
             return TrainResult(final_metrics, self.run_dir, export_dir)

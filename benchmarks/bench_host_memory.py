@@ -1,0 +1,128 @@
+"""rewardax.retain_freed_memory(): SmolLM2-135M training-step time with and without it.
+
+    .venv/bin/python benchmarks/bench_host_memory.py [--rounds 2] [--steps 5]
+
+Each setting runs in its own subprocess (the malloc settings are process-wide and only apply
+before JAX's CPU backend starts), `--rounds` times in turn so that machine noise hits both alike.
+A subprocess builds issue #4's trainer (SmolLM2-135M-Instruct, batch 8, shared_prompt rows of 128
+or 192 tokens, bf16 matmuls), draws batches until one of 4 rows x 128 tokens (the most frequent
+shape of that recipe), compiles the train step on it and then times `--steps` steps on the same
+batch. Prints per setting: the sorted step times, the median, minor page faults, and the kernel
+(sys) and user CPU seconds per step.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from importlib import resources
+
+
+def child(steps: int) -> dict:
+    import rewardax as rx
+
+    applied = rx.retain_freed_memory()
+    import jax
+
+    from rewardax import distributed
+    from rewardax.models import smollm2_gguf_path
+    from rewardax.sharding import global_batch
+    from rewardax.trainer import _model_inputs
+
+    assets = resources.files("rewardax") / "assets"
+    tokenizer = rx.load_tokenizer(smollm2_gguf_path())
+    model = rx.AutoRewardModel.from_pretrained(smollm2_gguf_path(), matmul_dtype="bfloat16", seed=0)
+    with tempfile.TemporaryDirectory() as tmp:
+        config = rx.RewardConfig(
+            per_device_train_batch_size=8,
+            learning_rate=2e-5,
+            warmup_steps=5,
+            schedule="linear",
+            max_sequence_length=64,
+            layout="shared_prompt",
+            bucket_lengths=[128, 192],
+            save_directory=tmp,
+            progress_bar=False,
+            seed=42,
+        )
+        trainer = rx.RewardTrainer(
+            config,
+            tokenizer,
+            model=model,
+            train_dataset=str(assets / "vader_movie_pairs.train.jsonl"),
+        )
+        fns = trainer.configure_functions()
+        loader = trainer.train_loader
+        batches = distributed.lockstep(loader, loader.batch_size, loader.pad_id)
+        host_batch = next(batches)
+        while host_batch["input_ids"].shape != (4, 128):
+            host_batch = next(batches)
+        batch = global_batch(_model_inputs(host_batch), trainer.mesh)
+        arrays = trainer.state.arrays()
+        arrays, metrics = fns.train_step(arrays, batch)
+        jax.block_until_ready(metrics)
+        times = []
+        before = resource.getrusage(resource.RUSAGE_SELF)
+        for _ in range(steps):
+            start = time.perf_counter()
+            arrays, metrics = fns.train_step(arrays, batch)
+            jax.block_until_ready(metrics)
+            times.append(time.perf_counter() - start)
+        after = resource.getrusage(resource.RUSAGE_SELF)
+    return {
+        "applied": applied,
+        "status": rx.hostmem.status(),
+        "times": times,
+        "minflt_per_step": (after.ru_minflt - before.ru_minflt) / steps,
+        "sys_s_per_step": (after.ru_stime - before.ru_stime) / steps,
+        "user_s_per_step": (after.ru_utime - before.ru_utime) / steps,
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--steps", type=int, default=5)
+    parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.child:
+        print(json.dumps(child(args.steps)))
+        return
+    results: dict[str, list[dict]] = {"off": [], "on": []}
+    for _ in range(args.rounds):
+        for name, switch in (("off", "0"), ("on", "1")):
+            env = {**os.environ, "REWARDAX_RETAIN_HOST_MEMORY": switch}
+            out = subprocess.run(
+                [sys.executable, __file__, "--child", "--steps", str(args.steps)],
+                env=env,
+                capture_output=True,
+                text=True,
+                check=True,
+            )
+            results[name].append(json.loads(out.stdout.strip().splitlines()[-1]))
+    print(
+        f"{'setting':8} {'applied':8} {'median s':>9} {'faults/step':>12} {'sys s':>6} {'user s':>7}  steps (s)"
+    )
+    medians = {}
+    for name, runs in results.items():
+        times = sorted(t for run in runs for t in run["times"])
+        medians[name] = statistics.median(times)
+        print(
+            f"{name:8} {runs[0]['applied']!s:8} {medians[name]:9.2f} "
+            f"{statistics.mean(r['minflt_per_step'] for r in runs):12.0f} "
+            f"{statistics.mean(r['sys_s_per_step'] for r in runs):6.2f} "
+            f"{statistics.mean(r['user_s_per_step'] for r in runs):7.2f}  "
+            + " ".join(f"{t:.2f}" for t in times)
+        )
+    print(f"median on / off: {medians['on'] / medians['off']:.3f}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,100 @@
+"""Keeps the memory of one training step mapped for the next one on JAX's CPU backend.
+
+XLA:CPU allocates each execution's scratch buffer (residuals, gradients: 1.6 GB for a SmolLM2
+step of 4 rows x 128 tokens) with malloc and frees it at the end. glibc serves an allocation that
+large with a fresh `mmap` and returns it with `munmap`, so every step first-touches all of it
+again: ~390k page faults and a second of kernel time per step on a 2-core machine
+(`benchmarks/bench_host_memory.py`). With one malloc arena, no mmap for large blocks and freed
+memory kept (below 2 GiB at the top of the heap), the next step reuses the same pages.
+
+The settings are process-wide and must be made before JAX starts its CPU backend: XLA's worker
+threads take their malloc arena when they start, and a thread that has one keeps it. The
+`rewardax` command applies them first thing; Python users call `retain_freed_memory()` before
+their first JAX computation (the trainer calls it too, which helps only if nothing ran before).
+Set REWARDAX_RETAIN_HOST_MEMORY=0 to leave malloc alone.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import importlib.metadata
+import os
+import platform
+import sys
+
+ENV_SWITCH = "REWARDAX_RETAIN_HOST_MEMORY"
+# mallopt parameters (glibc's malloc.h).
+_M_TRIM_THRESHOLD = -1
+_M_MMAP_MAX = -4
+_M_ARENA_MAX = -8
+# mallopt takes an int: the largest trim threshold it can set.
+_TRIM_THRESHOLD = 2**31 - 1
+_ACCELERATOR_PLUGINS = ("jax-cuda", "jax_cuda", "jax-rocm", "jax_rocm", "libtpu")
+
+_state: dict[str, str | bool] = {"applied": False, "reason": "not requested yet"}
+
+
+def _backend_started() -> bool:
+    """True once JAX has created a backend (its CPU worker threads then exist)."""
+    if "jax" not in sys.modules:
+        return False
+    try:
+        from jax._src import xla_bridge
+    except ImportError:  # pragma: no cover - a JAX without this module: assume the worst
+        return True
+    return bool(getattr(xla_bridge, "_backends", {"unknown": None}))
+
+
+def _accelerator_expected() -> str | None:
+    """Why JAX will not run on the CPU, or None when it will."""
+    platforms = os.environ.get("JAX_PLATFORMS", "").strip().lower()
+    if platforms:
+        first = platforms.split(",")[0].strip()
+        return None if first == "cpu" else f"JAX_PLATFORMS={platforms}"
+    for dist in importlib.metadata.distributions():
+        name = (dist.metadata["Name"] or "").lower()
+        if name.startswith(_ACCELERATOR_PLUGINS):
+            return f"{name} is installed"
+    return None
+
+
+def retain_freed_memory() -> bool:
+    """Applies the malloc settings of the module docstring, once; True if they are in effect.
+
+    Does nothing (returns False, reason in `status()`) when switched off by
+    REWARDAX_RETAIN_HOST_MEMORY=0, when the C library is not glibc, when JAX is set to run on an
+    accelerator (its device memory is not malloc's), or when a JAX backend already started.
+    """
+    if _state["applied"]:
+        return True
+    if os.environ.get(ENV_SWITCH, "1").strip().lower() in ("0", "false", "no", "off"):
+        _state["reason"] = f"{ENV_SWITCH} is off"
+        return False
+    if platform.system() != "Linux" or platform.libc_ver()[0] != "glibc":
+        _state["reason"] = "the C library is not glibc"
+        return False
+    accelerator = _accelerator_expected()
+    if accelerator is not None:
+        _state["reason"] = f"JAX runs on an accelerator ({accelerator})"
+        return False
+    if _backend_started():
+        _state["reason"] = (
+            "a JAX backend had already started; call rewardax.retain_freed_memory() before the "
+            "first JAX computation"
+        )
+        return False
+    libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+    ok = (
+        libc.mallopt(_M_ARENA_MAX, 1) == 1
+        and libc.mallopt(_M_MMAP_MAX, 0) == 1
+        and libc.mallopt(_M_TRIM_THRESHOLD, _TRIM_THRESHOLD) == 1
+    )
+    _state["applied"] = ok
+    _state["reason"] = "applied" if ok else "mallopt refused a setting"
+    return ok
+
+
+def status() -> str:
+    """'applied', or why the settings are not in effect."""
+    return str(_state["reason"])

@@ -1,0 +1,77 @@
+"""rewardax.hostmem: freed host memory is kept for the next step (fewer page faults), and the
+settings refuse to apply where they cannot or should not."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import jax.numpy as jnp
+import pytest
+
+from rewardax import hostmem
+
+# A jitted function whose 64 MiB intermediate (h) lives in XLA's per-call scratch buffer: above
+# glibc's 32 MiB mmap ceiling, so by default each call maps it afresh and faults it in again.
+_CHILD = r"""
+import json, resource, sys
+import rewardax
+applied = rewardax.retain_freed_memory()
+import jax, jax.numpy as jnp
+x = jnp.ones((4096, 256), jnp.float32)
+w1 = jnp.ones((256, 4096), jnp.float32) / 256
+w2 = jnp.ones((4096, 8), jnp.float32)
+f = jax.jit(lambda x, w1, w2: (jnp.tanh(x @ w1) @ w2).sum())
+for _ in range(3):
+    f(x, w1, w2).block_until_ready()
+before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+for _ in range(5):
+    value = float(f(x, w1, w2))
+faults = (resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before) / 5
+print(json.dumps({"applied": applied, "status": rewardax.hostmem.status(),
+                  "faults_per_call": faults, "value": value}))
+"""
+
+
+def _run_child(switch: str) -> dict:
+    env = {**os.environ, hostmem.ENV_SWITCH: switch, "JAX_PLATFORMS": "cpu"}
+    env.pop("XLA_FLAGS", None)
+    out = subprocess.run(
+        [sys.executable, "-c", _CHILD], env=env, capture_output=True, text=True, timeout=300
+    )
+    assert out.returncode == 0, out.stderr[-2000:]
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.skipif(
+    not sys.platform.startswith("linux"), reason="the settings are glibc's (Linux only)"
+)
+def test_retained_memory_removes_the_page_faults_of_each_call():
+    off = _run_child("0")
+    on = _run_child("1")
+    assert off["applied"] is False and "REWARDAX_RETAIN_HOST_MEMORY is off" in off["status"]
+    assert on["applied"] is True and on["status"] == "applied"
+    assert on["value"] == off["value"]  # the same computation
+    # 64 MiB is 16,384 pages: without the settings each call faults (almost) all of them in.
+    assert off["faults_per_call"] > 10_000
+    assert on["faults_per_call"] < 0.1 * off["faults_per_call"]
+
+
+def test_refuses_once_a_backend_started(monkeypatch):
+    jnp.ones(2).block_until_ready()  # JAX's CPU backend is up in this process
+    monkeypatch.setattr(hostmem, "_state", {"applied": False, "reason": "not requested yet"})
+    monkeypatch.setenv("JAX_PLATFORMS", "cpu")
+    monkeypatch.setenv(hostmem.ENV_SWITCH, "1")
+    assert hostmem.retain_freed_memory() is False
+    assert "already started" in hostmem.status()
+    assert "before the first JAX computation" in hostmem.status()
+
+
+def test_refuses_when_jax_runs_on_an_accelerator(monkeypatch):
+    monkeypatch.setattr(hostmem, "_state", {"applied": False, "reason": "not requested yet"})
+    monkeypatch.setenv("JAX_PLATFORMS", "cuda,cpu")
+    monkeypatch.setenv(hostmem.ENV_SWITCH, "1")
+    assert hostmem.retain_freed_memory() is False
+    assert hostmem.status() == "JAX runs on an accelerator (JAX_PLATFORMS=cuda,cpu)"
