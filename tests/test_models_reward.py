@@ -305,6 +305,32 @@ def test_mixed_matmul_float32_equals_autodiff_of_dot():
             np.testing.assert_allclose(np.asarray(got), np.asarray(ref), rtol=1e-5, atol=1e-5)
 
 
+def test_mixed_matmuls_of_one_input_equal_autodiff_of_separate_dots():
+    """`mixed_matmuls` (one cast copy of x for q/k/v or gate/up): the input gradient sums every
+    kernel's term, each kernel gets its own weight gradient, and an output whose cotangent is
+    zero contributes nothing."""
+    from rewardax.models.transformer import mixed_matmuls
+
+    for k in (6, 7):
+        keys = jax.random.split(jax.random.key(10 + k), 7)
+        x = jax.random.normal(keys[0], (5, k))
+        ws = tuple(jax.random.normal(keys[1 + i], (k, n)) for i, n in enumerate((3, 2, 4)))
+        gs = tuple(jax.random.normal(keys[4 + i], (5, w.shape[1])) for i, w in enumerate(ws))
+        gs = (gs[0], jnp.zeros_like(gs[1]), gs[2])
+        ys, vjp = jax.vjp(lambda a, b: mixed_matmuls(a, b, jnp.float32), x, ws)
+        ys_ref, vjp_ref = jax.vjp(lambda a, b: tuple(jnp.dot(a, w) for w in b), x, ws)
+        for y, y_ref in zip(ys, ys_ref, strict=True):
+            np.testing.assert_allclose(np.asarray(y), np.asarray(y_ref), rtol=1e-6, atol=1e-6)
+        (gx, gws), (gx_ref, gws_ref) = vjp(gs), vjp_ref(gs)
+        np.testing.assert_allclose(np.asarray(gx), np.asarray(gx_ref), rtol=1e-5, atol=1e-5)
+        # Against the hand-computed sum of the three terms too.
+        by_hand = sum(np.asarray(g) @ np.asarray(w).T for g, w in zip(gs, ws, strict=True))
+        np.testing.assert_allclose(np.asarray(gx), by_hand, rtol=1e-5, atol=1e-5)
+        for got, ref in zip(gws, gws_ref, strict=True):
+            np.testing.assert_allclose(np.asarray(got), np.asarray(ref), rtol=1e-5, atol=1e-5)
+        np.testing.assert_array_equal(np.asarray(gws[1]), 0.0)
+
+
 def test_bfloat16_matmuls_with_float32_activations():
     ids, mask = pad_rows(random_rows(7, list(range(4, 20))), "left")
     ids, mask = jnp.asarray(ids), jnp.asarray(mask)

@@ -93,22 +93,35 @@ class Projection(nnx.Module):
 
     def __call__(self, x: jax.Array) -> jax.Array:
         """x: [..., *in_shape] -> [..., *out_shape] in x's dtype."""
-        kernel = self.kernel[...]
-        lead, contracted = x.shape[: x.ndim - self.n_in], kernel.shape[: self.n_in]
-        out_shape = kernel.shape[self.n_in :]
-        # One 2-D matmul [rows, in] @ [in, out]: contracting over the row axes N and T at once in
-        # the backward pass (dW = x^T dy) made XLA:CPU copy dy transposed in every layer, 20% of
-        # a SmolLM2 gradient step (benchmarks/README.md); the reshapes are free.
-        x2 = x.reshape(-1, math.prod(contracted))
-        kernel2 = kernel.reshape(x2.shape[1], -1)
-        if self.matmul_dtype is None or self.matmul_dtype == x.dtype:
-            y = jnp.dot(x2, kernel2.astype(x.dtype))
-        else:
-            y = mixed_matmul(x2, kernel2, self.matmul_dtype)
-        y = y.reshape(*lead, *out_shape)
-        if self.bias is not None:
-            y = y + self.bias[...].astype(x.dtype)
-        return y
+        return project(x, (self,))[0]
+
+
+def project(x: jax.Array, projections: Sequence[Projection]) -> tuple[jax.Array, ...]:
+    """``p(x)`` for each projection p of the same input x (q/k/v, or gate/up), same contracted
+    shape and matmul dtype. With bf16 matmuls, x is cast and kept for the backward pass once for
+    all of them, and its transpose for the weight gradients is made once: three separate calls
+    stored three bf16 copies of the q/k/v input per layer (seen in the compiled HLO of a SmolLM2
+    step, where the scan stacks each copy into a [layers, rows, hidden] buffer)."""
+    first = projections[0]
+    n_in, matmul_dtype = first.n_in, first.matmul_dtype
+    kernels = [p.kernel[...] for p in projections]
+    lead, contracted = x.shape[: x.ndim - n_in], kernels[0].shape[:n_in]
+    # One 2-D matmul [rows, in] @ [in, out]: contracting over the row axes N and T at once in
+    # the backward pass (dW = x^T dy) made XLA:CPU copy dy transposed in every layer, 20% of
+    # a SmolLM2 gradient step (benchmarks/README.md); the reshapes are free.
+    x2 = x.reshape(-1, math.prod(contracted))
+    kernels2 = tuple(k.reshape(x2.shape[1], -1) for k in kernels)
+    if matmul_dtype is None or matmul_dtype == x.dtype:
+        ys = tuple(jnp.dot(x2, k.astype(x.dtype)) for k in kernels2)
+    else:
+        ys = mixed_matmuls(x2, kernels2, matmul_dtype)
+    out = []
+    for p, k, y in zip(projections, kernels, ys, strict=True):
+        y = y.reshape(*lead, *k.shape[n_in:])
+        if p.bias is not None:
+            y = y + p.bias[...].astype(x.dtype)
+        out.append(y)
+    return tuple(out)
 
 
 def _physical_transpose(a: jax.Array) -> jax.Array | None:
@@ -126,37 +139,52 @@ def _physical_transpose(a: jax.Array) -> jax.Array | None:
     return a.reshape(m, k // 2, 2).transpose(1, 2, 0).reshape(k, m)
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(2,))
 def mixed_matmul(x: jax.Array, kernel: jax.Array, matmul_dtype: Any) -> jax.Array:
     """``x @ kernel`` with both inputs cast to ``matmul_dtype``, float32 accumulation; x [M, K],
     kernel [K, N] -> [M, N] in x's dtype. The gradients come out in x's and kernel's dtypes."""
-    return _mixed_forward(x, kernel, matmul_dtype)[0]
+    return mixed_matmuls(x, (kernel,), matmul_dtype)[0]
 
 
-def _mixed_forward(x: jax.Array, kernel: jax.Array, matmul_dtype: Any):
+@functools.partial(jax.custom_vjp, nondiff_argnums=(2,))
+def mixed_matmuls(
+    x: jax.Array, kernels: tuple[jax.Array, ...], matmul_dtype: Any
+) -> tuple[jax.Array, ...]:
+    """``x @ k`` for each kernel k [K, N_i] as in `mixed_matmul`, keeping one cast copy of x."""
+    return _mixed_forward(x, kernels, matmul_dtype)[0]
+
+
+def _mixed_forward(x: jax.Array, kernels: tuple[jax.Array, ...], matmul_dtype: Any):
     xc = x.astype(matmul_dtype)
-    y = jnp.dot(xc, kernel.astype(matmul_dtype), preferred_element_type=jnp.float32)
-    # The kernel itself is kept, not its cast copy: inside the layer scan a residual that is a
-    # slice of the stacked parameters is read in place, a new array would be stacked per layer.
-    return y.astype(x.dtype), (xc, kernel)
-
-
-def _mixed_backward(matmul_dtype: Any, residuals, grad_y: jax.Array):
-    xc, kernel = residuals
-    g = grad_y.astype(matmul_dtype)
-    f32 = jnp.float32
-    grad_x = jax.lax.dot_general(
-        g, kernel.astype(matmul_dtype), (((1,), (1,)), ((), ())), preferred_element_type=f32
+    ys = tuple(
+        jnp.dot(xc, k.astype(matmul_dtype), preferred_element_type=jnp.float32).astype(x.dtype)
+        for k in kernels
     )
+    # The kernels themselves are kept, not their cast copies: inside the layer scan a residual
+    # that is a slice of the stacked parameters is read in place, a new array would be stacked
+    # per layer.
+    return ys, (xc, kernels)
+
+
+def _mixed_backward(matmul_dtype: Any, residuals, grad_ys: tuple[jax.Array, ...]):
+    xc, kernels = residuals
+    f32 = jnp.float32
     xt = _physical_transpose(xc)
-    if xt is None:
-        grad_k = jax.lax.dot_general(xc, g, (((0,), (0,)), ((), ())), preferred_element_type=f32)
-    else:
-        grad_k = jnp.dot(xt, g, preferred_element_type=f32)
-    return grad_x.astype(grad_y.dtype), grad_k.astype(kernel.dtype)
+    grad_x, grad_ks = None, []
+    for k, grad_y in zip(kernels, grad_ys, strict=True):
+        g = grad_y.astype(matmul_dtype)
+        gx = jax.lax.dot_general(
+            g, k.astype(matmul_dtype), (((1,), (1,)), ((), ())), preferred_element_type=f32
+        )
+        grad_x = gx if grad_x is None else grad_x + gx
+        if xt is None:
+            gk = jax.lax.dot_general(xc, g, (((0,), (0,)), ((), ())), preferred_element_type=f32)
+        else:
+            gk = jnp.dot(xt, g, preferred_element_type=f32)
+        grad_ks.append(gk.astype(k.dtype))
+    return grad_x.astype(grad_ys[0].dtype), tuple(grad_ks)
 
 
-mixed_matmul.defvjp(_mixed_forward, _mixed_backward)
+mixed_matmuls.defvjp(_mixed_forward, _mixed_backward)
 
 
 def rope_inverse_frequencies(config: ModelConfig) -> tuple[np.ndarray, float]:
@@ -298,7 +326,7 @@ class Attention(nnx.Module):
     def __call__(self, x: jax.Array, cos: jax.Array, sin: jax.Array, mask: jax.Array) -> jax.Array:
         """x [N, T, E]; cos/sin [N, T, D]; mask bool [N, T, T] -> [N, T, E] in x's dtype."""
         n, t, _ = x.shape
-        q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)  # [N,T,H|K,D]
+        q, k, v = project(x, (self.q_proj, self.k_proj, self.v_proj))  # [N,T,H|K,D]
         if self.q_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
@@ -339,7 +367,8 @@ class MLP(nnx.Module):
 
     def __call__(self, x: jax.Array) -> jax.Array:
         """x [N, T, E] -> [N, T, E]."""
-        return self.down_proj(swiglu(self.gate_proj(x), self.up_proj(x)))
+        gate, up = project(x, (self.gate_proj, self.up_proj))
+        return self.down_proj(swiglu(gate, up))
 
 
 @jax.custom_vjp
