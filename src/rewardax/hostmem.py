@@ -3,9 +3,10 @@
 XLA:CPU allocates each execution's scratch buffer (residuals, gradients: 1.6 GB for a SmolLM2
 step of 4 rows x 128 tokens) with malloc and frees it at the end. glibc serves an allocation that
 large with a fresh `mmap` and returns it with `munmap`, so every step first-touches all of it
-again: ~390k page faults and a second of kernel time per step on a 2-core machine
+again: ~390k page faults and up to a second of kernel time per step on a 2-core machine
 (`benchmarks/bench_host_memory.py`). With one malloc arena, no mmap for large blocks and freed
-memory kept (below 2 GiB at the top of the heap), the next step reuses the same pages.
+memory never returned to the system, the next step reuses the same pages. The price: the
+process keeps its peak heap size until it exits.
 
 The settings are process-wide and must be made before JAX starts its CPU backend: XLA's worker
 threads take their malloc arena when they start, and a thread that has one keeps it. The
@@ -28,8 +29,9 @@ ENV_SWITCH = "REWARDAX_RETAIN_HOST_MEMORY"
 _M_TRIM_THRESHOLD = -1
 _M_MMAP_MAX = -4
 _M_ARENA_MAX = -8
-# mallopt takes an int: the largest trim threshold it can set.
-_TRIM_THRESHOLD = 2**31 - 1
+# -1: never trim (mallopt(3)). A 2 GiB threshold, the largest positive int, still let the heap
+# shrink between steps whose freed blocks added up to more (faults came back, ad hoc A/B).
+_TRIM_NEVER = -1
 _ACCELERATOR_PLUGINS = ("jax-cuda", "jax_cuda", "jax-rocm", "jax_rocm", "libtpu")
 
 _state: dict[str, str | bool] = {"applied": False, "reason": "not requested yet"}
@@ -88,7 +90,7 @@ def retain_freed_memory() -> bool:
     ok = (
         libc.mallopt(_M_ARENA_MAX, 1) == 1
         and libc.mallopt(_M_MMAP_MAX, 0) == 1
-        and libc.mallopt(_M_TRIM_THRESHOLD, _TRIM_THRESHOLD) == 1
+        and libc.mallopt(_M_TRIM_THRESHOLD, _TRIM_NEVER) == 1
     )
     _state["applied"] = ok
     _state["reason"] = "applied" if ok else "mallopt refused a setting"
