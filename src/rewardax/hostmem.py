@@ -73,7 +73,7 @@ def retain_freed_memory() -> bool:
     if os.environ.get(ENV_SWITCH, "1").strip().lower() in ("0", "false", "no", "off"):
         _state["reason"] = f"{ENV_SWITCH} is off"
         return False
-    if platform.system() != "Linux" or platform.libc_ver()[0] != "glibc":
+    if not sys.platform.startswith("linux") or platform.libc_ver()[0] != "glibc":
         _state["reason"] = "the C library is not glibc"
         return False
     accelerator = _accelerator_expected()
