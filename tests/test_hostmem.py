@@ -61,7 +61,7 @@ def test_retained_memory_removes_the_page_faults_of_each_call():
 
 def test_refuses_once_a_backend_started(monkeypatch):
     jnp.ones(2).block_until_ready()  # JAX's CPU backend is up in this process
-    monkeypatch.setattr(hostmem, "_state", {"applied": False, "reason": "not requested yet"})
+    monkeypatch.setattr(hostmem, "_status", "not requested yet")
     monkeypatch.setenv("JAX_PLATFORMS", "cpu")
     monkeypatch.setenv(hostmem.ENV_SWITCH, "1")
     assert hostmem.retain_freed_memory() is False
@@ -70,7 +70,7 @@ def test_refuses_once_a_backend_started(monkeypatch):
 
 
 def test_refuses_when_jax_runs_on_an_accelerator(monkeypatch):
-    monkeypatch.setattr(hostmem, "_state", {"applied": False, "reason": "not requested yet"})
+    monkeypatch.setattr(hostmem, "_status", "not requested yet")
     monkeypatch.setenv("JAX_PLATFORMS", "cuda,cpu")
     monkeypatch.setenv(hostmem.ENV_SWITCH, "1")
     assert hostmem.retain_freed_memory() is False

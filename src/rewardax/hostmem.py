@@ -34,7 +34,8 @@ _M_ARENA_MAX = -8
 _TRIM_NEVER = -1
 _ACCELERATOR_PLUGINS = ("jax-cuda", "jax_cuda", "jax-rocm", "jax_rocm", "libtpu")
 
-_state: dict[str, str | bool] = {"applied": False, "reason": "not requested yet"}
+# "applied", or why the settings are not in effect.
+_status = "not requested yet"
 
 
 def _backend_started() -> bool:
@@ -68,20 +69,21 @@ def retain_freed_memory() -> bool:
     REWARDAX_RETAIN_HOST_MEMORY=0, when the C library is not glibc, when JAX is set to run on an
     accelerator (its device memory is not malloc's), or when a JAX backend already started.
     """
-    if _state["applied"]:
+    global _status
+    if _status == "applied":
         return True
     if os.environ.get(ENV_SWITCH, "1").strip().lower() in ("0", "false", "no", "off"):
-        _state["reason"] = f"{ENV_SWITCH} is off"
+        _status = f"{ENV_SWITCH} is off"
         return False
     if not sys.platform.startswith("linux") or platform.libc_ver()[0] != "glibc":
-        _state["reason"] = "the C library is not glibc"
+        _status = "the C library is not glibc"
         return False
     accelerator = _accelerator_expected()
     if accelerator is not None:
-        _state["reason"] = f"JAX runs on an accelerator ({accelerator})"
+        _status = f"JAX runs on an accelerator ({accelerator})"
         return False
     if _backend_started():
-        _state["reason"] = (
+        _status = (
             "a JAX backend had already started; call rewardax.retain_freed_memory() before the "
             "first JAX computation"
         )
@@ -92,11 +94,10 @@ def retain_freed_memory() -> bool:
         and libc.mallopt(_M_MMAP_MAX, 0) == 1
         and libc.mallopt(_M_TRIM_THRESHOLD, _TRIM_NEVER) == 1
     )
-    _state["applied"] = ok
-    _state["reason"] = "applied" if ok else "mallopt refused a setting"
+    _status = "applied" if ok else "mallopt refused a setting"
     return ok
 
 
 def status() -> str:
     """'applied', or why the settings are not in effect."""
-    return str(_state["reason"])
+    return _status
