@@ -66,8 +66,10 @@ def child(steps: int) -> dict:
             host_batch = next(batches)
         batch = global_batch(_model_inputs(host_batch), trainer.mesh)
         arrays = trainer.state.arrays()
+        start = time.perf_counter()
         arrays, metrics = fns.train_step(arrays, batch)
         jax.block_until_ready(metrics)
+        first_s = time.perf_counter() - start
         times = []
         before = resource.getrusage(resource.RUSAGE_SELF)
         for _ in range(steps):
@@ -79,6 +81,7 @@ def child(steps: int) -> dict:
     return {
         "applied": applied,
         "status": rx.hostmem.status(),
+        "first_step_s": first_s,  # compilation + one step
         "times": times,
         "minflt_per_step": (after.ru_minflt - before.ru_minflt) / steps,
         "sys_s_per_step": (after.ru_stime - before.ru_stime) / steps,

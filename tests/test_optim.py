@@ -180,3 +180,57 @@ def test_weight_decay_is_lr_times_decay_and_skips_masked_parameters(name):
     updates, _ = tx.update(zeros, tx.init(params), params)
     np.testing.assert_allclose(updates["kernel"], np.full((2, 3), -0.1 * 0.5 * 2.0), rtol=1e-6)
     np.testing.assert_array_equal(updates["bias"], np.zeros(3))
+
+
+@pytest.mark.parametrize(("weight_decay", "max_grad_norm"), [(0.0, 1.0), (0.1, 0.5), (0.01, None)])
+def test_fused_adamw_update_equals_optax(weight_decay, max_grad_norm):
+    # The train step's fused update (FusedAdamW.apply) against optax's update + apply_updates
+    # over 6 steps of large random gradients (so clipping is active where set), with a decayed
+    # kernel and an undecayed bias; the state trees must stay the same structure (checkpoints).
+    optim = OptimSection(
+        name="adamw",
+        learning_rate=1e-2,
+        weight_decay=weight_decay,
+        max_grad_norm=max_grad_norm,
+        schedule="linear",
+        warmup_steps=2,
+    )
+    tx = build_optimizer(optim, 10)
+    key = jax.random.PRNGKey(0)
+    params = {
+        "w": jax.random.normal(key, (4, 5)),
+        "layer": {"kernel": jnp.ones((3, 3)), "bias": jnp.ones(3)},
+    }
+    ref_params = fused_params = params
+    ref_state = fused_state = tx.init(params)
+    apply = jax.jit(tx.apply)
+    for i in range(6):
+        grads = jax.tree.map(
+            lambda x, i=i: 3.0 * jax.random.normal(jax.random.fold_in(key, i), x.shape), params
+        )
+        updates, ref_state = tx.update(grads, ref_state, ref_params)
+        ref_params = optax.apply_updates(ref_params, updates)
+        fused_params, fused_state = apply(grads, fused_state, fused_params, jnp.bool_(True))
+    assert jax.tree.structure(fused_state) == jax.tree.structure(ref_state)
+    for ref, fused in zip(
+        jax.tree.leaves((ref_params, ref_state)),
+        jax.tree.leaves((fused_params, fused_state)),
+        strict=True,
+    ):
+        np.testing.assert_allclose(fused, ref, rtol=1e-5, atol=1e-6)
+    # The parameters moved (the comparison above is not between two unchanged trees).
+    assert float(jnp.max(jnp.abs(fused_params["w"] - params["w"]))) > 1e-3
+
+
+def test_fused_adamw_rejected_step_changes_nothing():
+    optim = OptimSection(name="adamw", learning_rate=1e-2, weight_decay=0.1, schedule="constant")
+    tx = build_optimizer(optim, 10)
+    params = {"kernel": jnp.ones((3, 3)), "bias": jnp.ones(3)}
+    grads = jax.tree.map(lambda p: jnp.full(p.shape, 0.5), params)
+    state = tx.init(params)
+    params, state = tx.apply(grads, state, params, jnp.bool_(True))
+    new_params, new_state = tx.apply(grads, state, params, jnp.bool_(False))
+    for old, new in zip(
+        jax.tree.leaves((params, state)), jax.tree.leaves((new_params, new_state)), strict=True
+    ):
+        np.testing.assert_array_equal(new, old)

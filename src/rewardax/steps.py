@@ -146,14 +146,22 @@ def make_train_step(
         metrics = losses.metrics_from_sums(sums)
         finite = jnp.isfinite(metrics["loss"]) & jnp.isfinite(grad_norm)
 
-        updates, new_opt_state = optimizer.update(grads, arrays["opt_state"], params)
-        new_params = optax.apply_updates(params, updates)
-        # Poisoned values must never reach the state (nor, later, a checkpoint).
-        keep = lambda new, old: jax.tree.map(lambda n, o: jnp.where(finite, n, o), new, old)  # noqa: E731
+        # Poisoned values must never reach the state (nor, later, a checkpoint): where the step
+        # is not finite, parameters and optimizer state stay as they were.
+        if hasattr(optimizer, "apply"):  # rewardax.optim.FusedAdamW: one pass per parameter
+            new_params, new_opt_state = optimizer.apply(
+                grads, arrays["opt_state"], params, finite, grad_norm
+            )
+        else:
+            updates, new_opt_state = optimizer.update(grads, arrays["opt_state"], params)
+            new_params = optax.apply_updates(params, updates)
+            keep = lambda new, old: jax.tree.map(lambda n, o: jnp.where(finite, n, o), new, old)  # noqa: E731
+            new_params = keep(new_params, params)
+            new_opt_state = keep(new_opt_state, arrays["opt_state"])
         new_arrays = {
-            "params": keep(new_params, params),
+            "params": new_params,
             "rest": rest,
-            "opt_state": keep(new_opt_state, arrays["opt_state"]),
+            "opt_state": new_opt_state,
             "step": step + 1,  # counts batches consumed, skipped ones too
             "rng": arrays["rng"],
         }
