@@ -24,7 +24,7 @@ from rewardax.data import (
     packing_row_lengths,
 )
 from rewardax.data.collate import RowProcessor
-from rewardax.data.packing import row_ladder
+from rewardax.data.packing import LONG_ROW_TIES, choose_shape, row_ladder
 from rewardax.errors import ConfigError
 from rewardax.state import RewardState
 from rewardax.steps import make_eval_step, make_train_step
@@ -99,6 +99,22 @@ def test_rows_longer_than_a_sequence_only_when_packed():
     packed = DataConfig(max_sequence_length=64, layout="packed", bucket_lengths=(48, 160))
     assert packing_row_lengths(packed) == (48, 160)
     assert default_bucket_lengths(64, (48, 160)) == (48, 64)
+
+
+def test_token_ties_go_to_longer_rows_up_to_the_limit():
+    # Items of 120, 120, 120, 120, 60, 60 tokens: 6 x 128 (the 60s share a row; 5 rows, the
+    # ladder's next is 6) and 4 x 192 (a 60 beside two of the 120s) both compute 768 tokens, and
+    # 3 x 192 cannot hold four 120s. The longer rows win the tie; past LONG_ROW_TIES the shorter
+    # rows do (attention's T^2 cost per row then counts).
+    rows = row_ladder(16)
+    r, t, placed = choose_shape([120, 120, 120, 120, 60, 60], (128, 192), rows)
+    assert (r, t) == (4, 192)
+    assert sorted(np.bincount(placed).tolist()) == [1, 1, 2, 2]
+    # Five k-token items, k > LONG_ROW_TIES / 2: 3 rows of 2k or 2 rows of 3k, 6k tokens each.
+    k = LONG_ROW_TIES // 2 + 44
+    assert choose_shape([k] * 5, (2 * k, 3 * k), rows)[:2] == (3, 2 * k)
+    # Fewer tokens still beat longer rows: 4 x 128 (512) over 3 x 192 (576).
+    assert choose_shape([100] * 4, (128, 192), rows)[:2] == (4, 128)
 
 
 def unpack(batch: dict, pair: int) -> list[tuple[list[int], list[int]]]:

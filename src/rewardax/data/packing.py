@@ -66,6 +66,10 @@ def common_prefix_length(a: np.ndarray, b: np.ndarray) -> int:
     return int(differ[0]) if differ.size else n
 
 
+# Up to this row length, a tie in tokens goes to fewer, longer rows (see `choose_shape`).
+LONG_ROW_TIES = 512
+
+
 def row_ladder(max_rows: int, multiple: int = 1, per_octave: int = 2) -> tuple[int, ...]:
     """Allowed row counts R: `per_octave` steps per doubling (1, 2, 3, 4, 6, 8, 12, 16, ...),
     times `multiple` (the data-parallel size: rows are split over devices), up to max_rows."""
@@ -103,7 +107,12 @@ def choose_shape(
 ) -> tuple[int, int, list[int]]:
     """(R, T, row of each item): the allowed shape with the fewest tokens R*T that holds `sizes`.
 
-    Ties go to the shorter rows (attention costs T^2 per row). `lengths` and `rows` are sorted.
+    Ties go to the longer rows while rows are at most `LONG_ROW_TIES` tokens, to the shorter rows
+    beyond. Fewer, longer rows hold any later batch at least as well, so one compiled shape serves
+    more batches: issue #4's recipe (VADER, rows of 128 or 192) compiles 3 shapes instead of 4,
+    its 6 largest batches in 4 x 192 rather than 5 in 6 x 128 and one in 4 x 192, and a compilation
+    costs ~3 steps there. Attention's T^2 cost per row is a few percent of a step at these lengths
+    and decides past them. `lengths` and `rows` are sorted.
     """
     order = np.argsort(-np.asarray(sizes), kind="stable")
     best = None
@@ -113,8 +122,13 @@ def choose_shape(
             continue
         needed = max(placed, default=-1) + 1
         r = next((r for r in rows if r >= needed), None)
-        if r is not None and (best is None or r * t < best[0] * best[1]):
+        if r is None:
+            continue
+        tokens = r * t
+        if best is None or tokens < best[0] * best[1]:
             best = (r, t, placed)
+        elif tokens == best[0] * best[1] and t <= LONG_ROW_TIES:
+            best = (r, t, placed)  # t > best's T: `lengths` is sorted
     if best is None:
         raise ValueError(
             f"{len(sizes)} sequences (longest {max(sizes, default=0)}) do not fit any packed "
