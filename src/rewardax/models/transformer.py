@@ -159,16 +159,21 @@ def _mixed_forward(x: jax.Array, kernels: tuple[jax.Array, ...], matmul_dtype: A
         jnp.dot(xc, k.astype(matmul_dtype), preferred_element_type=jnp.float32).astype(x.dtype)
         for k in kernels
     )
+    # The backward pass needs x only as x^T (the weight gradients), so that is what is kept:
+    # made here, it is written once into the scan's stacked residuals, where keeping xc and
+    # transposing it in the backward pass wrote it twice and read it back once more.
     # The kernels themselves are kept, not their cast copies: inside the layer scan a residual
     # that is a slice of the stacked parameters is read in place, a new array would be stacked
     # per layer.
-    return ys, (xc, kernels)
+    xt = _physical_transpose(xc)
+    return ys, (xc if xt is None else xt, kernels)
 
 
 def _mixed_backward(matmul_dtype: Any, residuals, grad_ys: tuple[jax.Array, ...]):
-    xc, kernels = residuals
+    saved, kernels = residuals
+    # x^T, or x itself when its width K is odd (no physical transpose then).
+    xc, xt = (saved, None) if kernels[0].shape[0] % 2 else (None, saved)
     f32 = jnp.float32
-    xt = _physical_transpose(xc)
     grad_x, grad_ks = None, []
     for k, grad_y in zip(kernels, grad_ys, strict=True):
         g = grad_y.astype(matmul_dtype)
