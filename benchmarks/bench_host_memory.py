@@ -22,7 +22,6 @@ import subprocess
 import sys
 import tempfile
 import time
-from importlib import resources
 
 
 def child(steps: int) -> dict:
@@ -31,50 +30,19 @@ def child(steps: int) -> dict:
     applied = rx.retain_freed_memory()
     import jax
 
-    from rewardax import distributed
-    from rewardax.models import smollm2_gguf_path
-    from rewardax.sharding import global_batch
-    from rewardax.trainer import _model_inputs
+    from recipe_step import recipe_step
 
-    assets = resources.files("rewardax") / "assets"
-    tokenizer = rx.load_tokenizer(smollm2_gguf_path())
-    model = rx.AutoRewardModel.from_pretrained(smollm2_gguf_path(), matmul_dtype="bfloat16", seed=0)
     with tempfile.TemporaryDirectory() as tmp:
-        config = rx.RewardConfig(
-            per_device_train_batch_size=8,
-            learning_rate=2e-5,
-            warmup_steps=5,
-            schedule="linear",
-            max_sequence_length=64,
-            layout="shared_prompt",
-            bucket_lengths=[128, 192],
-            save_directory=tmp,
-            progress_bar=False,
-            seed=42,
-        )
-        trainer = rx.RewardTrainer(
-            config,
-            tokenizer,
-            model=model,
-            train_dataset=str(assets / "vader_movie_pairs.train.jsonl"),
-        )
-        fns = trainer.configure_functions()
-        loader = trainer.train_loader
-        batches = distributed.lockstep(loader, loader.batch_size, loader.pad_id)
-        host_batch = next(batches)
-        while host_batch["input_ids"].shape != (4, 128):
-            host_batch = next(batches)
-        batch = global_batch(_model_inputs(host_batch), trainer.mesh)
-        arrays = trainer.state.arrays()
+        train_step, arrays, batch = recipe_step(tmp, (4, 128))
         start = time.perf_counter()
-        arrays, metrics = fns.train_step(arrays, batch)
+        arrays, metrics = train_step(arrays, batch)
         jax.block_until_ready(metrics)
         first_s = time.perf_counter() - start
         times = []
         before = resource.getrusage(resource.RUSAGE_SELF)
         for _ in range(steps):
             start = time.perf_counter()
-            arrays, metrics = fns.train_step(arrays, batch)
+            arrays, metrics = train_step(arrays, batch)
             jax.block_until_ready(metrics)
             times.append(time.perf_counter() - start)
         after = resource.getrusage(resource.RUSAGE_SELF)

@@ -19,7 +19,6 @@ import glob
 import re
 import tempfile
 import time
-from importlib import resources
 
 import rewardax as rx
 
@@ -38,42 +37,16 @@ def main() -> None:
     rx.retain_freed_memory()  # before JAX starts its CPU backend
     import jax
 
-    from rewardax import distributed
-    from rewardax.models import smollm2_gguf_path
-    from rewardax.sharding import global_batch
-    from rewardax.trainer import _model_inputs
+    from recipe_step import recipe_step
 
-    tokenizer = rx.load_tokenizer(smollm2_gguf_path())
-    model = rx.AutoRewardModel.from_pretrained(smollm2_gguf_path(), matmul_dtype="bfloat16", seed=0)
     with tempfile.TemporaryDirectory() as tmp:
-        config = rx.RewardConfig(
-            per_device_train_batch_size=8,
-            learning_rate=2e-5,
-            warmup_steps=5,
-            schedule="linear",
-            max_sequence_length=64,
-            layout="shared_prompt",
-            bucket_lengths=[128, 192],
-            save_directory=tmp,
-            progress_bar=False,
-        )
-        train = resources.files("rewardax") / "assets" / "vader_movie_pairs.train.jsonl"
-        trainer = rx.RewardTrainer(config, tokenizer, model=model, train_dataset=str(train))
-        fns = trainer.configure_functions()
-        loader = trainer.train_loader
-        for host_batch in distributed.lockstep(loader, loader.batch_size, loader.pad_id):
-            if host_batch["input_ids"].shape == want:
-                break
-        else:
-            raise SystemExit(f"no batch of shape {want} in one epoch")
-        batch = global_batch(_model_inputs(host_batch), trainer.mesh)
-        arrays = trainer.state.arrays()
-        arrays, metrics = fns.train_step(arrays, batch)
+        train_step, arrays, batch = recipe_step(tmp, want)
+        arrays, metrics = train_step(arrays, batch)
         jax.block_until_ready(metrics)
         times = []
         for _ in range(args.steps):
             start = time.perf_counter()
-            arrays, metrics = fns.train_step(arrays, batch)
+            arrays, metrics = train_step(arrays, batch)
             jax.block_until_ready(metrics)
             times.append(time.perf_counter() - start)
         print(f"shape {want}: step seconds (sorted) " + " ".join(f"{t:.3f}" for t in sorted(times)))
@@ -82,7 +55,7 @@ def main() -> None:
         trace_dir = tempfile.mkdtemp(dir=tmp)
         jax.profiler.start_trace(trace_dir)
         for _ in range(traced):
-            arrays, metrics = fns.train_step(arrays, batch)
+            arrays, metrics = train_step(arrays, batch)
             jax.block_until_ready(metrics)
         jax.profiler.stop_trace()
         (path,) = glob.glob(f"{trace_dir}/**/*.xplane.pb", recursive=True)
