@@ -14,7 +14,6 @@ from typing import Any, NamedTuple
 import jax
 import jax.numpy as jnp
 import optax
-from optax._src import numerics
 
 from rewardax.config import OptimSection
 from rewardax.errors import ConfigError
@@ -111,6 +110,11 @@ class FusedAdamW(NamedTuple):
     apply: Any
 
 
+def _saturating_increment(count: jax.Array) -> jax.Array:
+    """count + 1, staying at the dtype's maximum instead of wrapping (as optax's counters)."""
+    return jnp.where(count < jnp.iinfo(count.dtype).max, count + 1, count)
+
+
 def fused_adamw(
     schedule: optax.Schedule,
     *,
@@ -129,23 +133,21 @@ def fused_adamw(
 
     def apply(grads, state, params, accept, grad_norm=None):
         """One update: (new_params, new_state); both unchanged where ``accept`` is False."""
+        keep = lambda new, old: jnp.where(accept, new, old)  # noqa: E731
         adam_state, decay_state, schedule_state = state[1] if max_grad_norm is not None else state
-        count = numerics.safe_increment(adam_state.count)
+        count = _saturating_increment(adam_state.count)
         correction1 = 1 - jnp.asarray(b1, jnp.float32) ** count
         correction2 = 1 - jnp.asarray(b2, jnp.float32) ** count
         step_size = -jnp.asarray(schedule(schedule_state.count), jnp.float32)
-        if max_grad_norm is not None:
-            norm = optax.tree.norm(grads) if grad_norm is None else grad_norm
-            clip = jnp.squeeze(norm < max_grad_norm)
-        decays = weight_decay_mask(params) if mask else jax.tree.map(lambda _: False, params)
-
         # Scalars first, so the per-element work is one sqrt, one division and a few FMAs (as
         # torch's AdamW): u = lr/c1 * m / (sqrt(v)/sqrt(c2) + eps).
         scale = jnp.float32(1.0)
         if max_grad_norm is not None:
-            scale = jnp.where(clip, 1.0, max_grad_norm / norm)
+            norm = optax.tree.norm(grads) if grad_norm is None else grad_norm
+            scale = jnp.where(norm < max_grad_norm, 1.0, max_grad_norm / norm)
         inv_sqrt_c2 = jax.lax.rsqrt(correction2)
         lr_c1 = step_size / correction1
+        decays = weight_decay_mask(params) if mask else jax.tree.map(lambda _: False, params)
 
         def leaf(p, g, m, v, decay):
             g = g * scale.astype(g.dtype)
@@ -159,18 +161,14 @@ def fused_adamw(
             if decay:
                 u = u + (step_size * weight_decay).astype(p.dtype) * p
             p_new = (p + u).astype(p.dtype)
-            keep = lambda new, old: jnp.where(accept, new, old)  # noqa: E731
             return keep(p_new, p), keep(m_new.astype(m.dtype), m), keep(v_new.astype(v.dtype), v)
 
         out = jax.tree.map(leaf, params, grads, adam_state.mu, adam_state.nu, decays)
         is_triple = lambda x: isinstance(x, tuple) and len(x) == 3  # noqa: E731
         pick = lambda i: jax.tree.map(lambda t: t[i], out, is_leaf=is_triple)  # noqa: E731
-        keep_count = lambda new, old: jnp.where(accept, new, old)  # noqa: E731
-        new_adam = adam_state._replace(
-            count=keep_count(count, adam_state.count), mu=pick(1), nu=pick(2)
-        )
+        new_adam = adam_state._replace(count=keep(count, adam_state.count), mu=pick(1), nu=pick(2))
         new_schedule = schedule_state._replace(
-            count=keep_count(numerics.safe_increment(schedule_state.count), schedule_state.count)
+            count=keep(_saturating_increment(schedule_state.count), schedule_state.count)
         )
         inner = (new_adam, decay_state, new_schedule)
         new_state = (state[0], inner) if max_grad_norm is not None else inner
