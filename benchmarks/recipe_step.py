@@ -1,8 +1,8 @@
 """One training step of issue #4's recipe, ready to time: shared by the step benchmarks.
 
 SmolLM2-135M-Instruct (bf16 projection matmuls), batch 8, shared_prompt rows of 128 or 192 tokens,
-AdamW 2e-5 with 5 warmup steps and linear decay, on the bundled VADER train split. The caller
-applies `rx.retain_freed_memory()` (or not) before importing this module's dependencies start JAX.
+AdamW 2e-5 with 5 warmup steps and linear decay, on the bundled VADER train split. A caller that
+wants `rx.retain_freed_memory()` applies it before calling `recipe_step`, which starts JAX.
 """
 
 from __future__ import annotations
