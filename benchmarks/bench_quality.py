@@ -7,7 +7,10 @@ the 256 bundled held-out pairs before and after. `train_s` is the wall time of
 `RewardTrainer.train()` alone (training loop with every compilation, the final checkpoint and the
 Hugging Face export; no evaluation inside it), the figure to set beside TRL's `train_runtime`
 (`benchmarks/compare/trl_quality.py`, which times TRL's training loop the same way). The two
-evaluations are timed apart (`eval_before_s`, `eval_after_s`).
+evaluations are timed apart (`eval_before_s`, `eval_after_s`). `train_compile_s` is the part
+of `train_s` spent making programs, from JAX's duration events: tracing the Python functions,
+lowering them to MLIR, and XLA compiling them (each on a single thread before the program's first
+step; `xla_programs_over_1s` lists the big ones, the train step's shapes).
 """
 
 from __future__ import annotations
@@ -19,9 +22,17 @@ import time
 from importlib import resources
 
 import jax
+import jax.monitoring
 
 import rewardax as rx
 from rewardax.models import smollm2_gguf_path
+
+# The events JAX records around the stages of making a program (jax/_src/dispatch.py).
+COMPILE_EVENTS = {
+    "/jax/core/compile/jaxpr_trace_duration": "trace",
+    "/jax/core/compile/jaxpr_to_mlir_module_duration": "lower",
+    "/jax/core/compile/backend_compile_duration": "xla",
+}
 
 
 def main() -> None:
@@ -83,9 +94,17 @@ def main() -> None:
         t1 = time.perf_counter()
         before = trainer.evaluate(heldout)["heldout"]
         eval_before_s = time.perf_counter() - t1
+        compile_s: dict[str, list[float]] = {stage: [] for stage in COMPILE_EVENTS.values()}
+
+        def on_duration(event: str, duration: float, **_: object) -> None:
+            if event in COMPILE_EVENTS:
+                compile_s[COMPILE_EVENTS[event]].append(duration)
+
+        jax.monitoring.register_event_duration_secs_listener(on_duration)
         t2 = time.perf_counter()
         result = trainer.train()
         train_s = time.perf_counter() - t2
+        jax.monitoring.unregister_event_duration_listener(on_duration)
         t3 = time.perf_counter()
         after = trainer.evaluate(heldout)["heldout"]
         eval_after_s = time.perf_counter() - t3
@@ -109,6 +128,10 @@ def main() -> None:
                 "heldout_loss_after": round(after["loss"], 4),
                 "train_s": round(train_s, 1),
                 "train_timing": result.metrics["timing"],
+                "train_compile_s": {
+                    **{stage: round(sum(d), 2) for stage, d in compile_s.items()},
+                    "xla_programs_over_1s": [round(d, 2) for d in compile_s["xla"] if d > 1],
+                },
                 "train_step_programs_compiled": compiles,
                 "eval_before_s": round(eval_before_s, 1),
                 "eval_after_s": round(eval_after_s, 1),

@@ -8,11 +8,21 @@ again: ~390k page faults and up to a second of kernel time per step on a 2-core 
 memory never returned to the system, the next step reuses the same pages. The price: the
 process keeps its peak heap size until it exits.
 
+Where the kernel gives transparent huge pages only on request (`madvise` in
+/sys/kernel/mm/transparent_hugepage/enabled, the common default), the heap is also grown once by
+half the machine's memory (address space only: nothing is touched) and that range is marked
+MADV_HUGEPAGE before it is freed to malloc. Every later allocation inside it is backed by 2 MiB
+pages: the first step's ~1.5 GB is faulted in with ~750 faults instead of ~385k, and the steps
+miss the TLB less (issue #4's recipe, 80 steps: 151.2 s instead of 154.2 s, both faster per step
+and with one fault storm fewer; glibc's own `glibc.malloc.hugetlb=1` tunable does the same but
+can only be set in the environment before the process starts).
+
 The settings are process-wide and must be made before JAX starts its CPU backend: XLA's worker
 threads take their malloc arena when they start, and a thread that has one keeps it. The
 `rewardax` command applies them first thing; Python users call `retain_freed_memory()` before
 their first JAX computation (the trainer calls it too, which helps only if nothing ran before).
-Set REWARDAX_RETAIN_HOST_MEMORY=0 to leave malloc alone.
+Set REWARDAX_RETAIN_HOST_MEMORY=0 to leave malloc alone, REWARDAX_HUGE_PAGES=0 to keep the
+settings but not the huge-page range.
 """
 
 from __future__ import annotations
@@ -25,6 +35,8 @@ import platform
 import sys
 
 ENV_SWITCH = "REWARDAX_RETAIN_HOST_MEMORY"
+HUGE_PAGES_SWITCH = "REWARDAX_HUGE_PAGES"
+_OFF = ("0", "false", "no", "off")
 # mallopt parameters (glibc's malloc.h).
 _M_TRIM_THRESHOLD = -1
 _M_MMAP_MAX = -4
@@ -32,9 +44,12 @@ _M_ARENA_MAX = -8
 # -1: never trim (mallopt(3)). A 2 GiB threshold, the largest positive int, still let the heap
 # shrink between steps whose freed blocks added up to more (faults came back, ad hoc A/B).
 _TRIM_NEVER = -1
+_MADV_HUGEPAGE = 14  # asm-generic/mman-common.h
+_HUGE_PAGE = 2 << 20
+_THP_MODE = "/sys/kernel/mm/transparent_hugepage/enabled"
 _ACCELERATOR_PLUGINS = ("jax-cuda", "jax_cuda", "jax-rocm", "jax_rocm", "libtpu")
 
-# "applied", or why the settings are not in effect.
+# "applied; ..." (what happened to huge pages), or why the settings are not in effect.
 _status = "not requested yet"
 
 
@@ -70,9 +85,9 @@ def retain_freed_memory() -> bool:
     accelerator (its device memory is not malloc's), or when a JAX backend already started.
     """
     global _status
-    if _status == "applied":
+    if _status.startswith("applied"):
         return True
-    if os.environ.get(ENV_SWITCH, "1").strip().lower() in ("0", "false", "no", "off"):
+    if os.environ.get(ENV_SWITCH, "1").strip().lower() in _OFF:
         _status = f"{ENV_SWITCH} is off"
         return False
     if not sys.platform.startswith("linux") or platform.libc_ver()[0] != "glibc":
@@ -94,10 +109,46 @@ def retain_freed_memory() -> bool:
         and libc.mallopt(_M_MMAP_MAX, 0) == 1
         and libc.mallopt(_M_TRIM_THRESHOLD, _TRIM_NEVER) == 1
     )
-    _status = "applied" if ok else "mallopt refused a setting"
-    return ok
+    if not ok:
+        _status = "mallopt refused a setting"
+        return False
+    _status = f"applied; {_reserve_huge_page_heap(libc)}"
+    return True
+
+
+def _reserve_huge_page_heap(libc: ctypes.CDLL) -> str:
+    """Grows the (never trimmed) heap by half the machine's memory, marks that range for
+    transparent huge pages and frees it to malloc; says what happened. Needs the mallopt settings
+    (no mmap: big blocks come from the heap; no trim: the range stays in it)."""
+    if os.environ.get(HUGE_PAGES_SWITCH, "1").strip().lower() in _OFF:
+        return f"no huge-page heap ({HUGE_PAGES_SWITCH} is off)"
+    try:
+        with open(_THP_MODE) as f:
+            mode = f.read()
+    except OSError:
+        return "no transparent huge pages (kernel without THP)"
+    if "[madvise]" not in mode:
+        # [always]: every large anonymous range gets them anyway; [never]: none can.
+        chosen = mode[mode.find("[") + 1 : mode.find("]")] if "[" in mode else mode.strip()
+        return f"transparent huge pages '{chosen}' (left to the kernel)"
+    size = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE") // 2
+    size -= size % _HUGE_PAGE
+    libc.malloc.restype = ctypes.c_void_p
+    libc.malloc.argtypes = [ctypes.c_size_t]
+    libc.free.argtypes = [ctypes.c_void_p]
+    libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+    block = libc.malloc(size)
+    if not block:
+        return f"no huge-page heap ({size >> 20} MiB of address space refused)"
+    start = -(-block // _HUGE_PAGE) * _HUGE_PAGE
+    end = (block + size) // _HUGE_PAGE * _HUGE_PAGE
+    marked = libc.madvise(start, end - start, _MADV_HUGEPAGE) == 0
+    libc.free(block)
+    if not marked:
+        return "no huge-page heap (madvise refused)"
+    return f"{(end - start) / 2**30:.1f} GiB of heap on transparent huge pages"
 
 
 def status() -> str:
-    """'applied', or why the settings are not in effect."""
+    """'applied; <huge pages>', or why the settings are not in effect."""
     return _status
