@@ -57,6 +57,11 @@ def main() -> None:
         help="seeds the score head and the shuffling, as train.seed does in `rewardax train` "
         "(default: head seed 0, shuffle seed 42, the figures in benchmarks/README.md)",
     )
+    parser.add_argument(
+        "--no-final-checkpoint",
+        action="store_true",
+        help="checkpoint.save_final=false: end with the export only, as TRL's save_strategy='no'",
+    )
     args = parser.parse_args()
 
     assets = resources.files("rewardax") / "assets"
@@ -85,6 +90,7 @@ def main() -> None:
             layout=args.layout,
             bucket_lengths=buckets,
             save_directory=tmp,
+            save_final=not args.no_final_checkpoint,
             logging_steps=10,
             progress_bar=False,
             seed=42 if args.seed is None else args.seed,
@@ -118,6 +124,7 @@ def main() -> None:
                 "dtype": args.dtype,
                 "matmul_dtype": args.matmul_dtype,
                 "layout": args.layout,
+                "final_checkpoint": not args.no_final_checkpoint,
                 "bucket_lengths": buckets or "ladder",
                 "learning_rate": args.learning_rate,
                 "seed": args.seed,

@@ -212,6 +212,36 @@ def test_nan_policy_skip_step_counts_and_finishes(tokenizer, tmp_path):
     assert all(np.isfinite(p).all() for p in params_of(trainer))
 
 
+def test_save_final_false_ends_with_the_export_and_no_checkpoint(tokenizer, tmp_path):
+    """save_final=false writes nothing to resume from (save_steps null) and the same model."""
+    results = {}
+    for save_final in (True, False):
+        trainer = rx.RewardTrainer(
+            make_config(
+                tmp_path,
+                run_name=f"final-{save_final}",
+                save_final=save_final,
+                max_training_steps=3,
+            ),
+            tokenizer,
+            model=tiny_llama(tokenizer),
+            train_dataset=rows(TRAIN, 16),
+        )
+        result = trainer.train()
+        checkpoints = sorted(
+            p.name for p in (result.run_dir / "checkpoints").glob("*") if p.name.isdigit()
+        )
+        results[save_final] = (checkpoints, params_of(trainer), result.export_dir)
+        # The summary's shape count is the number of train-step programs compiled.
+        compiled = trainer.configure_functions().train_step._cache_size()
+        assert result.metrics["timing"]["batch_shapes"] == compiled >= 1
+    assert results[True][0] == ["3"]
+    assert results[False][0] == []
+    for a, b in zip(results[True][1], results[False][1], strict=True):
+        np.testing.assert_array_equal(a, b)
+    assert (results[False][2] / "config.json").is_file()
+
+
 def test_a_custom_data_collator_is_refused_not_ignored():
     with pytest.raises(rx.ConfigError, match="data_collator"):
         rx.RewardTrainer(rx.RewardConfig(), None, data_collator=lambda rows: rows)

@@ -268,6 +268,9 @@ class CheckpointSection:
       run_name: name of this run's folder; null uses `run-` and a hash of the training settings,
         so rerunning the same command finds (and resumes) the same run.
       save_steps: save a checkpoint every this many optimizer steps; null saves only at the end.
+      save_final: save a checkpoint at the end of training (false: the run ends with the Hugging
+        Face export only, as TRL's `save_strategy="no"`; with save_steps null nothing of the run
+        can then be resumed, though a stop signal still saves).
       save_total_limit: checkpoints kept, the oldest deleted first; null keeps all.
       resume: `auto` continues from the latest valid checkpoint of the run folder, `off` starts
         fresh, any other value is the path of a checkpoint that must load.
@@ -276,6 +279,7 @@ class CheckpointSection:
     save_directory: str = "runs"
     run_name: str | None = None
     save_steps: int | None = None
+    save_final: bool = True
     save_total_limit: int | None = 3
     resume: str = "auto"
 

@@ -345,11 +345,14 @@ class RewardTrainer:
             step = start_step
             self._save_seconds, eval_seconds = 0.0, 0.0
             loop_start = time.perf_counter()
+            batch_shapes: set[tuple] = set()
             while step < self.total_steps:
                 if self._stop_requested():
                     stopped_early = True
                     break
                 host_batch = next(iterator)
+                # One compiled train-step program per distinct set of batch shapes.
+                batch_shapes.add(tuple((k, v.shape) for k, v in sorted(host_batch.items())))
                 batch = global_batch(_model_inputs(host_batch), self.mesh)
                 arrays, metrics = fns.train_step(arrays, batch)
                 metrics = jax.device_get(metrics)
@@ -394,8 +397,8 @@ class RewardTrainer:
                 if last_saved != step:
                     self._save(ckpt, step)
                 return TrainResult(final_metrics, self.run_dir, None, stopped_early=True)
-            if last_saved != step:  # the final state, whatever save_steps is
-                self._save(ckpt, step)
+            if last_saved != step and cfg.checkpoint.save_final:
+                self._save(ckpt, step)  # the final state, whatever save_steps is
             loop_s = time.perf_counter() - loop_start
             export_start = time.perf_counter()
             export_dir = self._finish(logger, final_metrics, step)
@@ -406,6 +409,8 @@ class RewardTrainer:
                 "checkpoint_s": round(self._save_seconds, 3),
                 "eval_s": round(eval_seconds, 3),
                 "finish_s": round(time.perf_counter() - export_start, 3),
+                # Distinct batch shapes this train() ran: each needs its own compiled train step.
+                "batch_shapes": len(batch_shapes),
             }
             logger.summary(
                 {
