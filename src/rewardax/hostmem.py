@@ -12,10 +12,11 @@ Where the kernel gives transparent huge pages only on request (`madvise` in
 /sys/kernel/mm/transparent_hugepage/enabled, the common default), the heap is also grown once by
 half the machine's memory (address space only: nothing is touched) and that range is marked
 MADV_HUGEPAGE before it is freed to malloc. Every later allocation inside it is backed by 2 MiB
-pages: the first step's ~1.5 GB is faulted in with ~750 faults instead of ~385k, and the steps
-miss the TLB less (issue #4's recipe, 80 steps: 151.2 s instead of 154.2 s, both faster per step
-and with one fault storm fewer; glibc's own `glibc.malloc.hugetlb=1` tunable does the same but
-can only be set in the environment before the process starts).
+pages: the first step of issue #4's recipe takes ~1.4k page faults instead of ~385k, and the
+steps miss the TLB less (`benchmarks/bench_quality.py` in turn with REWARDAX_HUGE_PAGES=0 on a
+2-core EPYC: 159.4 s against 164.7 s of training, means of two; benchmarks/README.md). glibc's
+`glibc.malloc.hugetlb=1` tunable does the same, but only when set in the environment before the
+process starts.
 
 The settings are process-wide and must be made before JAX starts its CPU backend: XLA's worker
 threads take their malloc arena when they start, and a thread that has one keeps it. The
