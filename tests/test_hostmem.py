@@ -40,15 +40,6 @@ print(json.dumps({"applied": applied, "status": rewardax.hostmem.status(),
 """
 
 
-def _thp_mode() -> str:
-    try:
-        with open("/sys/kernel/mm/transparent_hugepage/enabled") as f:
-            text = f.read()
-    except OSError:
-        return "absent"
-    return text[text.find("[") + 1 : text.find("]")]
-
-
 def _run_child(switch: str, huge_pages: str = "1") -> dict:
     env = {
         **os.environ,
@@ -82,13 +73,13 @@ def test_retained_memory_removes_the_page_faults_of_each_call():
     not sys.platform.startswith("linux"), reason="the settings are glibc's (Linux only)"
 )
 def test_heap_is_backed_by_huge_pages_where_the_kernel_gives_them_on_request():
-    mode = _thp_mode()
+    mode = hostmem.thp_mode()
     on = _run_child("1")
     if mode == "madvise":
         # The reserved range is marked: the 64 MiB intermediate and the arrays land on 2 MiB pages.
         assert "GiB of heap on transparent huge pages" in on["status"], on["status"]
         assert on["huge_kib"] >= 32 * 1024
-    elif mode == "absent":
+    elif mode is None:
         assert on["status"] == "applied; no transparent huge pages (kernel without THP)"
     else:  # always / never: left to the kernel, nothing reserved
         assert on["status"] == f"applied; transparent huge pages '{mode}' (left to the kernel)"

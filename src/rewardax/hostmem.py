@@ -88,7 +88,7 @@ def retain_freed_memory() -> bool:
     global _status
     if _status.startswith("applied"):
         return True
-    if os.environ.get(ENV_SWITCH, "1").strip().lower() in _OFF:
+    if _switched_off(ENV_SWITCH):
         _status = f"{ENV_SWITCH} is off"
         return False
     if not sys.platform.startswith("linux") or platform.libc_ver()[0] != "glibc":
@@ -117,21 +117,32 @@ def retain_freed_memory() -> bool:
     return True
 
 
+def _switched_off(variable: str) -> bool:
+    return os.environ.get(variable, "1").strip().lower() in _OFF
+
+
+def thp_mode() -> str | None:
+    """The kernel's transparent huge page mode (`always`, `madvise`, `never`), None without THP."""
+    try:
+        with open(_THP_MODE) as f:
+            text = f.read()
+    except OSError:
+        return None
+    return text[text.find("[") + 1 : text.find("]")] if "[" in text else text.strip()
+
+
 def _reserve_huge_page_heap(libc: ctypes.CDLL) -> str:
     """Grows the (never trimmed) heap by half the machine's memory, marks that range for
     transparent huge pages and frees it to malloc; says what happened. Needs the mallopt settings
     (no mmap: big blocks come from the heap; no trim: the range stays in it)."""
-    if os.environ.get(HUGE_PAGES_SWITCH, "1").strip().lower() in _OFF:
+    if _switched_off(HUGE_PAGES_SWITCH):
         return f"no huge-page heap ({HUGE_PAGES_SWITCH} is off)"
-    try:
-        with open(_THP_MODE) as f:
-            mode = f.read()
-    except OSError:
+    mode = thp_mode()
+    if mode is None:
         return "no transparent huge pages (kernel without THP)"
-    if "[madvise]" not in mode:
-        # [always]: every large anonymous range gets them anyway; [never]: none can.
-        chosen = mode[mode.find("[") + 1 : mode.find("]")] if "[" in mode else mode.strip()
-        return f"transparent huge pages '{chosen}' (left to the kernel)"
+    if mode != "madvise":
+        # always: every large anonymous range gets them anyway; never: none can.
+        return f"transparent huge pages '{mode}' (left to the kernel)"
     size = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE") // 2
     size -= size % _HUGE_PAGE
     libc.malloc.restype = ctypes.c_void_p
