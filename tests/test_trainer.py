@@ -245,3 +245,53 @@ def test_save_final_false_ends_with_the_export_and_no_checkpoint(tokenizer, tmp_
 def test_a_custom_data_collator_is_refused_not_ignored():
     with pytest.raises(rx.ConfigError, match="data_collator"):
         rx.RewardTrainer(rx.RewardConfig(), None, data_collator=lambda rows: rows)
+
+
+def test_model_settings_of_the_config_that_contradict_the_passed_model_are_errors(
+    tokenizer, tmp_path
+):
+    model = tiny_llama(tokenizer)  # float32, matmuls in float32, no remat, no dropout
+    data = rows(TRAIN, 8)
+    for setting, message in [
+        ({"matmul_dtype": "bfloat16"}, "model.matmul_dtype='bfloat16'.*matmul_dtype=None"),
+        ({"remat_policy": "full"}, "model.remat_policy='full'.*remat_policy='none'"),
+        ({"dropout_rate": 0.1}, "model.dropout_rate=0.1.*dropout_rate=0.0"),
+        ({"path": "/models/other"}, "model.path='/models/other'"),
+    ]:
+        config = make_config(tmp_path, **setting)
+        with pytest.raises(rx.ConfigError, match=message):
+            rx.RewardTrainer(config, tokenizer, model=model, train_dataset=data)
+    # Agreeing with the model, or left at the default, is fine.
+    rx.RewardTrainer(
+        make_config(tmp_path, dtype="float32", num_labels=1),
+        tokenizer,
+        model=model,
+        train_dataset=data,
+    )
+
+
+def test_dropout_of_a_passed_model_is_applied_in_the_train_step(tokenizer, tmp_path):
+    """The config's dropout_rate is left at 0.0; the model's own 0.5 must still be active, so
+    the step's loss depends on the dropout key (the state's rng) and repeats with the same one."""
+    from flax import nnx
+
+    from rewardax import distributed
+    from rewardax.sharding import global_batch
+    from rewardax.trainer import _model_inputs
+
+    model = rx.RewardModel(tiny_llama(tokenizer).config, dropout_rate=0.5, rngs=nnx.Rngs(0))
+    trainer = rx.RewardTrainer(
+        make_config(tmp_path), tokenizer, model=model, train_dataset=rows(TRAIN, 8)
+    )
+    step = trainer.configure_functions().train_step
+    loader = trainer.train_loader
+    host_batch = next(iter(distributed.lockstep(loader, loader.batch_size, loader.pad_id)))
+    batch = global_batch(_model_inputs(host_batch), trainer.mesh)
+
+    def loss_with_rng(seed):
+        arrays = jax.tree.map(jnp.copy, trainer.state.arrays())  # the step donates its input
+        arrays["rng"] = jax.random.key_data(jax.random.key(seed))
+        return float(step(arrays, batch)[1]["loss"])
+
+    assert loss_with_rng(1) == loss_with_rng(1)
+    assert loss_with_rng(1) != loss_with_rng(2)

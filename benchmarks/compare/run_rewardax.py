@@ -29,6 +29,9 @@ from bench_common import (
     runner_args,
 )
 
+# RewardModel arguments that `--option` may set (the rest go to RewardConfig).
+MODEL_PRECISION = ("dtype", "param_dtype", "matmul_dtype", "remat_policy")
+
 
 def main() -> None:
     args = runner_args(__doc__)
@@ -52,8 +55,21 @@ def train(result: Result, args) -> None:
         pad_token_id=tok.pad_token_id,
         eos_token_id=tok.eos_token_id,
     )
-    model = rx.RewardModel(model_cfg, dtype="float32", param_dtype="float32", rngs=nnx.Rngs(SEED))
     overrides = dict(option.split("=", 1) for option in args.option)
+    # The model is built here (random init), so its precision settings are taken out of the
+    # options and given to it: `--option matmul_dtype=bfloat16` runs the projection matmuls in
+    # bf16 with float32 weights, activations, norms, softmax and loss.
+    precision = {
+        key: overrides.pop(name)
+        for name in list(overrides)
+        if (key := name.rsplit(".", 1)[-1]) in MODEL_PRECISION
+    }
+    model = rx.RewardModel(
+        model_cfg,
+        **{"dtype": "float32", "param_dtype": "float32", **precision},
+        rngs=nnx.Rngs(SEED),
+    )
+    result.notes.extend(f"{key}={value}" for key, value in precision.items())
     with tempfile.TemporaryDirectory(prefix="rewardax-compare-") as run_root:
         flat = {
             "per_device_train_batch_size": BATCH_PAIRS,

@@ -206,7 +206,7 @@ def _subsets(source: Any, row_index: Any) -> list[str] | None:
 def cmd_eval(args: argparse.Namespace, extra: list[str]) -> dict[str, Any]:
     from rewardax.data import load_source
     from rewardax.evaluation import preference_metrics
-    from rewardax.models import AutoRewardModel, load_tokenizer
+    from rewardax.models import load_tokenizer
     from rewardax.trainer import RewardTrainer
 
     model_path = local_model_path(args.model)
@@ -221,11 +221,9 @@ def cmd_eval(args: argparse.Namespace, extra: list[str]) -> dict[str, Any]:
             [*overrides, f"checkpoint.save_directory={scratch}", "checkpoint.run_name=eval"],
         )
         tokenizer = load_tokenizer(args.tokenizer or model_path)
-        model = AutoRewardModel.from_pretrained(
-            model_path, dtype=config.model.dtype, num_labels=config.model.num_labels
-        )
         name = Path(args.data).stem
-        trainer = RewardTrainer(config, tokenizer, model=model, eval_dataset={name: source})
+        # The trainer loads model.path itself, with every model setting of the config.
+        trainer = RewardTrainer(config, tokenizer, eval_dataset={name: source})
         trainer.evaluate()
         rewards = trainer._last_rewards[name]
     metrics = preference_metrics(

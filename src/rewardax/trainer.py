@@ -24,7 +24,7 @@ from flax import nnx
 from rewardax import data as rdata
 from rewardax import distributed, hostmem
 from rewardax.checkpoint import CHECKPOINT_SUBDIR, TrainCheckpointer
-from rewardax.config import RewardConfig
+from rewardax.config import ModelSection, RewardConfig
 from rewardax.errors import CheckpointError, ConfigError, NonFiniteError
 from rewardax.evaluation import preference_metrics, reward_normalization
 from rewardax.logging import MetricsLogger
@@ -70,6 +70,34 @@ class TrainResult:
             "export_dir": str(self.export_dir) if self.export_dir else None,
             "stopped_early": self.stopped_early,
         }
+
+
+def _check_model_section(section: ModelSection, model: RewardModel) -> None:
+    """A model passed to the trainer carries its own precision, remat and dropout settings; a
+    `model:` setting of the config that says otherwise would be silently ignored, so it is an
+    error. Settings left at their defaults defer to the model."""
+    if section.path is not None:
+        raise ConfigError(
+            f"model.path={section.path!r} is set and a model object was passed as well: pass "
+            "model=None to load model.path, or drop model.path"
+        )
+    defaults = ModelSection()
+    actual = {
+        "dtype": model.dtype.name,
+        "param_dtype": model.param_dtype.name,
+        "matmul_dtype": None if model.matmul_dtype is None else model.matmul_dtype.name,
+        "remat_policy": model.model.remat_policy,
+        "dropout_rate": model.model.dropout_rate,
+        "num_labels": model.config.num_labels,
+    }
+    for name, value in actual.items():
+        wanted = getattr(section, name)
+        if wanted != getattr(defaults, name) and wanted != value:
+            raise ConfigError(
+                f"model.{name}={wanted!r} in the config, but the model passed to RewardTrainer "
+                f"was built with {name}={value!r}: build the model with {name}={wanted!r}, "
+                f"or drop model.{name} from the config"
+            )
 
 
 class RewardTrainer:
@@ -202,6 +230,8 @@ class RewardTrainer:
 
     def _initial_state(self, model: RewardModel | RewardState | None) -> RewardState:
         cfg = self.config
+        if isinstance(model, RewardModel):
+            _check_model_section(cfg.model, model)
         if model is None:
             path = cfg.model.path or smollm2_gguf_path()
             model = AutoRewardModel.from_pretrained(
@@ -249,6 +279,10 @@ class RewardTrainer:
             rng=jax.device_put(state.rng, replicated(self.mesh)),
         )
 
+    def _dropout_rate(self) -> float:
+        state = self.state
+        return nnx.merge(state.graphdef, state.params, state.rest).model.dropout_rate
+
     def configure_functions(self) -> TrainerFunctions:
         """JIT-compiles the train and eval steps for the current state's shardings."""
         if self._functions is not None:
@@ -260,7 +294,9 @@ class RewardTrainer:
             self.schedule,
             accumulation_steps=self.accumulation_steps,
             center_coefficient=cfg.train.center_rewards_coefficient,
-            dropout=cfg.model.dropout_rate > 0,
+            # The model's own rate: a model passed in may have been built with dropout that the
+            # config's default (0.0) does not mention.
+            dropout=self._dropout_rate() > 0,
         )
         shardings = jax.tree.map(lambda x: x.sharding, self.state.arrays())
         data = batch_sharding(self.mesh)
