@@ -6,6 +6,7 @@ Run from the repository root with this repository's virtualenv:
     .venv/bin/python benchmarks/compare/compare.py [--workloads short,long,shared]
         [--frameworks rewardax,trl,easydel] [--steps short=10,long=3,shared=3]
         [--warmup short=3,long=1,shared=1] [--option trl:gradient_checkpointing=true]
+        [--option rewardax:layout=packed] [--option rewardax:matmul_dtype=bfloat16]
 
 Every framework runs in its own subprocess with its own python on the same rows (workloads.py),
 the same model shape (bench_common.MODEL: Llama, hidden 256, 4 layers, 4 heads, MLP 704, SmolLM2's
