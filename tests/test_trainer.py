@@ -9,6 +9,7 @@ from importlib import resources
 import jax
 import jax.numpy as jnp
 import numpy as np
+import optax
 import pytest
 
 import rewardax as rx
@@ -261,6 +262,12 @@ def test_model_settings_of_the_config_that_contradict_the_passed_model_are_error
         config = make_config(tmp_path, **setting)
         with pytest.raises(rx.ConfigError, match=message):
             rx.RewardTrainer(config, tokenizer, model=model, train_dataset=data)
+    # The same check for a RewardState (model + optimizer state) passed in.
+    state = rx.RewardState.create(model, optax.adamw(1e-3))
+    with pytest.raises(rx.ConfigError, match=r"model\.remat_policy='full'"):
+        rx.RewardTrainer(
+            make_config(tmp_path, remat_policy="full"), tokenizer, model=state, train_dataset=data
+        )
     # Agreeing with the model, or left at the default, is fine.
     rx.RewardTrainer(
         make_config(tmp_path, dtype="float32", num_labels=1),

@@ -230,8 +230,10 @@ class RewardTrainer:
 
     def _initial_state(self, model: RewardModel | RewardState | None) -> RewardState:
         cfg = self.config
-        if isinstance(model, RewardModel):
-            _check_model_section(cfg.model, model)
+        if isinstance(model, RewardModel | RewardState):
+            _check_model_section(
+                cfg.model, model.model if isinstance(model, RewardState) else model
+            )
         if model is None:
             path = cfg.model.path or smollm2_gguf_path()
             model = AutoRewardModel.from_pretrained(
@@ -279,10 +281,6 @@ class RewardTrainer:
             rng=jax.device_put(state.rng, replicated(self.mesh)),
         )
 
-    def _dropout_rate(self) -> float:
-        state = self.state
-        return nnx.merge(state.graphdef, state.params, state.rest).model.dropout_rate
-
     def configure_functions(self) -> TrainerFunctions:
         """JIT-compiles the train and eval steps for the current state's shardings."""
         if self._functions is not None:
@@ -296,7 +294,7 @@ class RewardTrainer:
             center_coefficient=cfg.train.center_rewards_coefficient,
             # The model's own rate: a model passed in may have been built with dropout that the
             # config's default (0.0) does not mention.
-            dropout=self._dropout_rate() > 0,
+            dropout=self.state.model.model.dropout_rate > 0,
         )
         shardings = jax.tree.map(lambda x: x.sharding, self.state.arrays())
         data = batch_sharding(self.mesh)
