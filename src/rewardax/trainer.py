@@ -230,10 +230,9 @@ class RewardTrainer:
 
     def _initial_state(self, model: RewardModel | RewardState | None) -> RewardState:
         cfg = self.config
-        if isinstance(model, RewardModel | RewardState):
-            _check_model_section(
-                cfg.model, model.model if isinstance(model, RewardState) else model
-            )
+        given = model.model if isinstance(model, RewardState) else model
+        if isinstance(given, RewardModel):  # another NNX module has no such settings to compare
+            _check_model_section(cfg.model, given)
         if model is None:
             path = cfg.model.path or smollm2_gguf_path()
             model = AutoRewardModel.from_pretrained(
@@ -281,6 +280,14 @@ class RewardTrainer:
             rng=jax.device_put(state.rng, replicated(self.mesh)),
         )
 
+    def _dropout_rate(self) -> float:
+        """The model's own rate (a model passed in may have been built with dropout that the
+        config's default 0.0 does not mention); the config's for another NNX module."""
+        model = self.state.model
+        if isinstance(model, RewardModel):
+            return model.model.dropout_rate
+        return self.config.model.dropout_rate
+
     def configure_functions(self) -> TrainerFunctions:
         """JIT-compiles the train and eval steps for the current state's shardings."""
         if self._functions is not None:
@@ -292,9 +299,7 @@ class RewardTrainer:
             self.schedule,
             accumulation_steps=self.accumulation_steps,
             center_coefficient=cfg.train.center_rewards_coefficient,
-            # The model's own rate: a model passed in may have been built with dropout that the
-            # config's default (0.0) does not mention.
-            dropout=self.state.model.model.dropout_rate > 0,
+            dropout=self._dropout_rate() > 0,
         )
         shardings = jax.tree.map(lambda x: x.sharding, self.state.arrays())
         data = batch_sharding(self.mesh)
