@@ -375,3 +375,44 @@ def test_bfloat16_weight_gradient_stays_a_bf16_dot():
         for name in operands:
             kind = re.search(rf"{re.escape(name)} = (\w+)\[", hlo).group(1)
             assert kind == "bf16", (name, kind)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_attention_backward_equals_autodiff_of_softmax_attention(dtype):
+    """`attend`'s written-out backward against autodiff of a plain masked softmax attention:
+    grouped queries (G = 3), a row whose first queries see no key (their output and gradients
+    are zero), and bf16 inputs (float32 scores either way)."""
+    from rewardax.models.transformer import attend
+
+    n, kh, g, t, s, d = 2, 2, 3, 5, 7, 4
+    keys = jax.random.split(jax.random.key(3), 5)
+    q, k, v = (
+        jax.random.normal(key, shape).astype(dtype)
+        for key, shape in zip(keys[:3], [(n, kh, g, t, d), (n, kh, s, d), (n, kh, s, d)])
+    )
+    mask = jax.random.bernoulli(keys[3], 0.6, (n, t, s)).at[1, :2].set(False)
+    mask = mask.at[0, :, 0].set(True)
+    w = jax.random.normal(keys[4], (n, kh, g, t, d))
+    scale = 0.5
+
+    def reference(q, k, v):
+        scores = jnp.einsum("nkgtd,nksd->nkgts", q, k, preferred_element_type=jnp.float32)
+        scores = jnp.where(mask[:, None, None], scores * scale, -jnp.inf)
+        probs = jax.nn.softmax(scores, axis=-1)
+        probs = jnp.where(mask[:, None, None], probs, 0.0)  # rows with no key: 0, not NaN
+        return jnp.einsum("nkgts,nksd->nkgtd", probs, v.astype(jnp.float32))
+
+    def loss(f):
+        return jax.value_and_grad(lambda *a: jnp.sum(f(*a) * w), argnums=(0, 1, 2))
+
+    got, got_grads = loss(lambda q, k, v: attend(q, k, v, mask, scale))(q, k, v)
+    want, want_grads = loss(reference)(q, k, v)
+    tol = 1e-5 if dtype == "float32" else 2e-2
+    np.testing.assert_allclose(got, want, rtol=tol)
+    out = attend(q, k, v, mask, scale)
+    np.testing.assert_array_equal(np.asarray(out[1, :, :, :2]), 0.0)
+    for a, b in zip(got_grads, want_grads, strict=True):
+        assert a.dtype == jnp.dtype(dtype)
+        a, b = np.asarray(a, np.float32), np.asarray(b, np.float32)
+        np.testing.assert_allclose(a / np.abs(b).max(), b / np.abs(b).max(), atol=tol, rtol=0)
+    np.testing.assert_array_equal(np.asarray(got_grads[0], np.float32)[1, :, :, :2], 0.0)

@@ -269,23 +269,68 @@ def attention_mask(
 
 
 # Rows longer than this many tokens are attended in query blocks of at most this size.
-ATTENTION_QUERY_BLOCK = 512
+ATTENTION_QUERY_BLOCK = 256
 
 
-def _attend(
-    q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array, scale: float, dtype: Any
-) -> jax.Array:
-    """q [N, Tq, K, G, D], k/v [N, S, K, D], mask bool [N, Tq, S] -> [N, Tq, K, G, D] in dtype."""
-    # Scores and softmax in float32 whatever the compute dtype: bf16 logits lose the small
-    # differences between keys that attention depends on.
-    scores = jnp.einsum("ntkgd,nskd->nkgts", q, k, preferred_element_type=jnp.float32) * scale
-    m = mask[:, None, None, :, :]
-    # A finite fill (not -inf) so a fully masked row (a padding query) gives a uniform
-    # distribution instead of NaN; its output is then zeroed below.
-    scores = jnp.where(m, scores, jnp.finfo(jnp.float32).min)
-    probs = jax.nn.softmax(scores, axis=-1)
-    probs = jnp.where(jnp.any(m, axis=-1, keepdims=True), probs, 0.0)
-    return jnp.einsum("nkgts,nskd->ntkgd", probs.astype(dtype), v)
+@functools.partial(jax.custom_vjp, nondiff_argnums=(4,))
+def attend(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array, scale: float) -> jax.Array:
+    """Softmax attention, heads-major: q [N, K, G, Tq, D], k/v [N, K, S, D], mask bool [N, Tq, S]
+    -> float32 [N, K, G, Tq, D].
+
+    Scores, softmax and the products' sums are float32 whatever the inputs' dtype: bf16 logits
+    lose the small differences between keys that attention depends on. A query that may see no
+    key (padding) gets zeros. The backward pass is written out (`_attend_backward`) so that every
+    [Tq, S]-sized product reads its big operand in the layout the forward wrote it: autodiff of
+    the same code transposes the probabilities and their gradient, two copies of the largest
+    arrays of the step (`benchmarks/bench_attention.py`).
+    """
+    return _attend_forward(q, k, v, mask, scale)[0]
+
+
+def _attend_forward(q, k, v, mask, scale):
+    scores = jnp.einsum("nkgtd,nksd->nkgts", q, k, preferred_element_type=jnp.float32)
+    visible = mask[:, None, None]
+    row_max = jnp.max(jnp.where(visible, scores, -jnp.inf), axis=-1, keepdims=True)
+    row_max = jnp.where(jnp.isfinite(row_max), row_max, 0.0)
+    # Unnormalised probabilities (each <= 1): the output, and the backward's dv, divide the small
+    # [Tq, D] side by the row sums instead of the [Tq, S] side.
+    probs = jnp.where(visible, jnp.exp((scores - row_max) * scale), 0.0)
+    total = jnp.sum(probs, axis=-1)
+    inv_total = jnp.where(total > 0, 1.0 / jnp.where(total > 0, total, 1.0), 0.0)
+    out = jnp.einsum(
+        "nkgts,nksd->nkgtd", probs.astype(v.dtype), v, preferred_element_type=jnp.float32
+    )
+    out = out * inv_total[..., None]
+    return out, (q, k, v, probs, inv_total, out)
+
+
+def _attend_backward(scale, residuals, grad_out):
+    q, k, v, probs, inv_total, out = residuals
+    grad_out = grad_out.astype(jnp.float32)
+    # d(scores) = P * (dP - rowsum(dP * P)), and rowsum(dP * P) = rowsum(dO * O): a [Tq, D] sum.
+    row_dot = jnp.sum(grad_out * out, axis=-1)
+    grad_probs = jnp.einsum(
+        "nkgtd,nksd->nkgts", grad_out.astype(v.dtype), v, preferred_element_type=jnp.float32
+    )
+    grad_scores = probs * ((grad_probs - row_dot[..., None]) * (inv_total * scale)[..., None])
+    # Each product names the [Tq, S] operand last, contracted over its leading (query) axes, so
+    # XLA reads it as written; only the small [Tq, D] operands are transposed.
+    grad_q = jnp.einsum(
+        "nkgts,nksd->nkgtd", grad_scores.astype(k.dtype), k, preferred_element_type=jnp.float32
+    )
+    grad_k = jnp.einsum(
+        "nkgtd,nkgts->nksd", q, grad_scores.astype(q.dtype), preferred_element_type=jnp.float32
+    )
+    grad_v = jnp.einsum(
+        "nkgtd,nkgts->nksd",
+        grad_out * inv_total[..., None],
+        probs,
+        preferred_element_type=jnp.float32,
+    )
+    return grad_q.astype(q.dtype), grad_k.astype(k.dtype), grad_v.astype(v.dtype), None
+
+
+attend.defvjp(lambda q, k, v, mask, scale: _attend_forward(q, k, v, mask, scale), _attend_backward)
 
 
 class Attention(nnx.Module):
@@ -336,19 +381,21 @@ class Attention(nnx.Module):
             q, k = self.q_norm(q), self.k_norm(k)
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         groups = self.num_heads // self.num_kv_heads
-        q = q.reshape(n, t, self.num_kv_heads, groups, self.head_dim)
+        # Heads-major for the attention products: q [N, K, G, T, D], k/v [N, K, T, D].
+        q = q.reshape(n, t, self.num_kv_heads, groups, self.head_dim).transpose(0, 2, 3, 1, 4)
+        k, v = k.transpose(0, 2, 1, 3), v.transpose(0, 2, 1, 3)
         scale = 1.0 / math.sqrt(self.head_dim)
         # Query blocks attend only to the keys at or before their last query (the mask is causal
-        # in every layout), so long rows skip the upper triangle of the score matrix and never
-        # hold the whole [T, T] scores at once. Exact: the skipped keys are masked anyway.
+        # in every layout), so long rows skip most of the upper triangle of the score matrix and
+        # never hold the whole [T, T] scores at once. Exact: the skipped keys are masked anyway.
         n_blocks = -(-t // ATTENTION_QUERY_BLOCK)
         bounds = [t * i // n_blocks for i in range(n_blocks + 1)]
         blocks = [
-            _attend(q[:, a:b], k[:, :b], v[:, :b], mask[:, a:b, :b], scale, x.dtype)
+            attend(q[:, :, :, a:b], k[:, :, :b], v[:, :, :b], mask[:, a:b, :b], scale)
             for a, b in itertools.pairwise(bounds)
         ]
-        out = blocks[0] if n_blocks == 1 else jnp.concatenate(blocks, axis=1)
-        out = out.reshape(n, t, self.num_heads, self.head_dim)
+        out = blocks[0] if n_blocks == 1 else jnp.concatenate(blocks, axis=3)
+        out = out.astype(x.dtype).transpose(0, 3, 1, 2, 4).reshape(n, t, self.num_heads, -1)
         return self.o_proj(out)
 
 
