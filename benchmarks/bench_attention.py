@@ -1,13 +1,17 @@
-"""Query-blocked vs one-block attention on long rows: forward + backward time and peak memory.
+"""Attention on long rows: query block size and backward pass, forward + backward time and memory.
 
-    .venv/bin/python benchmarks/bench_attention.py [--rows 2] [--length 2048] [--blocks 512,4096]
+    .venv/bin/python benchmarks/bench_attention.py [--rows 2] [--length 2048] [--blocks 256,512]
+        [--backward written,autodiff]
 
 Issue #7's model (`compare/bench_common.py`'s MODEL: Llama, hidden 256, 4 layers, 4 heads, MLP 704,
 vocabulary 49,152, float32):
 the gradient of the summed rewards of `--rows` rows of `--length` tokens, once per value of
 `rewardax.models.transformer.ATTENTION_QUERY_BLOCK` (a block >= the length is the old one-block
-computation). Each setting runs in its own child process, so peak RSS (`wait4`) is its own.
-Prints one JSON line per setting: median seconds of 3 timed calls after one compiling call.
+computation) and of `--backward`: `written` is the library's `transformer.attend` with its
+written-out backward; `autodiff` swaps in JAX's autodiff of the very same forward code
+(`transformer._attend_forward`), the A/B of that backward. Each setting runs in its own child
+process, so peak RSS (`wait4`) is its own. Prints one JSON line per setting: median seconds of 3
+timed calls after one compiling call.
 """
 
 from __future__ import annotations
@@ -25,7 +29,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent / "compare"))
 from bench_common import MODEL
 
 
-def child(rows: int, length: int, block: int) -> dict:
+def child(rows: int, length: int, block: int, backward: str) -> dict:
     import jax
     import jax.numpy as jnp
     from flax import nnx
@@ -34,6 +38,12 @@ def child(rows: int, length: int, block: int) -> dict:
     from rewardax.models import ModelConfig, RewardModel
 
     transformer.ATTENTION_QUERY_BLOCK = block
+    if backward == "autodiff":
+        transformer.attend = lambda q, k, v, m, scale: transformer._attend_forward(
+            q, k, v, m, scale
+        )[0]
+    elif backward != "written":
+        raise SystemExit(f"--backward {backward!r}: written or autodiff")
     config = ModelConfig(**MODEL)
     model = RewardModel(config, rngs=nnx.Rngs(0))
     graphdef, params, rest = nnx.split(model, nnx.Param, ...)
@@ -60,23 +70,32 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rows", type=int, default=2)
     parser.add_argument("--length", type=int, default=2048)
-    parser.add_argument("--blocks", default="512,4096")
+    parser.add_argument("--blocks", default="256,512")
+    parser.add_argument("--backward", default="written,autodiff")
     parser.add_argument("--child", type=int, default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child is not None:
-        print(json.dumps(child(args.rows, args.length, args.child)))
+        print(json.dumps(child(args.rows, args.length, args.child, args.backward)))
         return
-    for block in [int(b) for b in args.blocks.split(",")]:
+    settings = [
+        (int(block), backward)
+        for block in args.blocks.split(",")
+        for backward in args.backward.split(",")
+    ]
+    for block, backward in settings:
         cmd = [sys.executable, __file__, "--rows", str(args.rows), "--length", str(args.length)]
-        proc = subprocess.Popen([*cmd, "--child", str(block)], stdout=subprocess.PIPE, text=True)
+        cmd += ["--backward", backward, "--child", str(block)]
+        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True)
         out = proc.stdout.read()
         _, status, usage = os.wait4(proc.pid, 0)
         if status != 0:
-            print(json.dumps({"block": block, "error": f"child exited with status {status}"}))
+            error = f"child exited with status {status}"
+            print(json.dumps({"block": block, "backward": backward, "error": error}))
             continue
         result = json.loads(out.strip().splitlines()[-1])
         result.update(
             block=block,
+            backward=backward,
             rows=args.rows,
             length=args.length,
             one_block=block >= args.length,
