@@ -279,10 +279,10 @@ def attend(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array, scale: flo
 
     Scores, softmax and the products' sums are float32 whatever the inputs' dtype: bf16 logits
     lose the small differences between keys that attention depends on. A query that may see no
-    key (padding) gets zeros. The backward pass is written out (`_attend_backward`) so that every
-    [Tq, S]-sized product reads its big operand in the layout the forward wrote it: autodiff of
-    the same code transposes the probabilities and their gradient, two copies of the largest
-    arrays of the step (`benchmarks/bench_attention.py`).
+    key (padding) gets zeros. The backward pass is written out (`_attend_backward`): it keeps
+    the unnormalised probabilities and the row sums' inverses, takes rowsum(dP * P) from the
+    small [Tq, D] output, and needs no mask select, where autodiff of the same forward code makes
+    several more passes over the [Tq, S] arrays (`benchmarks/bench_attention.py --backward`).
     """
     return _attend_forward(q, k, v, mask, scale)[0]
 
@@ -313,8 +313,9 @@ def _attend_backward(scale, residuals, grad_out):
         "nkgtd,nksd->nkgts", grad_out.astype(v.dtype), v, preferred_element_type=jnp.float32
     )
     grad_scores = probs * ((grad_probs - row_dot[..., None]) * (inv_total * scale)[..., None])
-    # Each product names the [Tq, S] operand last, contracted over its leading (query) axes, so
-    # XLA reads it as written; only the small [Tq, D] operands are transposed.
+    # grad_k and grad_v contract the [Tq, S] arrays over their query axis: XLA:CPU's matmuls
+    # want the contracted axis innermost, so it transposes those two (copy fusions in a
+    # profile). Writing them as products of S^T would need P^T recomputed: more work than it saves.
     grad_q = jnp.einsum(
         "nkgts,nksd->nkgtd", grad_scores.astype(k.dtype), k, preferred_element_type=jnp.float32
     )
