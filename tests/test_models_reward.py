@@ -388,7 +388,9 @@ def test_attention_backward_equals_autodiff_of_softmax_attention(dtype):
     keys = jax.random.split(jax.random.key(3), 5)
     q, k, v = (
         jax.random.normal(key, shape).astype(dtype)
-        for key, shape in zip(keys[:3], [(n, kh, g, t, d), (n, kh, s, d), (n, kh, s, d)])
+        for key, shape in zip(
+            keys[:3], [(n, kh, g, t, d), (n, kh, s, d), (n, kh, s, d)], strict=True
+        )
     )
     mask = jax.random.bernoulli(keys[3], 0.6, (n, t, s)).at[1, :2].set(False)
     mask = mask.at[0, :, 0].set(True)
@@ -416,3 +418,4 @@ def test_attention_backward_equals_autodiff_of_softmax_attention(dtype):
         a, b = np.asarray(a, np.float32), np.asarray(b, np.float32)
         np.testing.assert_allclose(a / np.abs(b).max(), b / np.abs(b).max(), atol=tol, rtol=0)
     np.testing.assert_array_equal(np.asarray(got_grads[0], np.float32)[1, :, :, :2], 0.0)
+
