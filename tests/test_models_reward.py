@@ -418,4 +418,3 @@ def test_attention_backward_equals_autodiff_of_softmax_attention(dtype):
         a, b = np.asarray(a, np.float32), np.asarray(b, np.float32)
         np.testing.assert_allclose(a / np.abs(b).max(), b / np.abs(b).max(), atol=tol, rtol=0)
     np.testing.assert_array_equal(np.asarray(got_grads[0], np.float32)[1, :, :, :2], 0.0)
-
