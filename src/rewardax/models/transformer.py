@@ -331,7 +331,7 @@ def _attend_backward(scale, residuals, grad_out):
     return grad_q.astype(q.dtype), grad_k.astype(k.dtype), grad_v.astype(v.dtype), None
 
 
-attend.defvjp(lambda q, k, v, mask, scale: _attend_forward(q, k, v, mask, scale), _attend_backward)
+attend.defvjp(_attend_forward, _attend_backward)
 
 
 class Attention(nnx.Module):
