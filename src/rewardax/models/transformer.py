@@ -313,22 +313,29 @@ def _attend_backward(scale, residuals, grad_out):
         "nkgtd,nksd->nkgts", grad_out.astype(v.dtype), v, preferred_element_type=jnp.float32
     )
     grad_scores = probs * ((grad_probs - row_dot[..., None]) * (inv_total * scale)[..., None])
-    # grad_k and grad_v contract the [Tq, S] arrays over their query axis: XLA:CPU's matmuls
-    # want the contracted axis innermost, so it transposes those two (copy fusions in a
-    # profile). Writing them as products of S^T would need P^T recomputed: more work than it saves.
     grad_q = jnp.einsum(
         "nkgts,nksd->nkgtd", grad_scores.astype(k.dtype), k, preferred_element_type=jnp.float32
     )
-    grad_k = jnp.einsum(
-        "nkgtd,nkgts->nksd", q, grad_scores.astype(q.dtype), preferred_element_type=jnp.float32
-    )
-    grad_v = jnp.einsum(
-        "nkgtd,nkgts->nksd",
-        grad_out * inv_total[..., None],
-        probs,
-        preferred_element_type=jnp.float32,
-    )
+    grad_k = _contract_queries(q, grad_scores.astype(q.dtype))
+    grad_v = _contract_queries(grad_out * inv_total[..., None], probs)
     return grad_q.astype(q.dtype), grad_k.astype(k.dtype), grad_v.astype(v.dtype), None
+
+
+def _contract_queries(a: jax.Array, b: jax.Array) -> jax.Array:
+    """a [N, K, G, Tq, D], b [N, K, G, Tq, S] -> float32 [N, K, S, D]: the sum over the query
+    groups and queries of a^T b, the form of grad_k and grad_v.
+
+    XLA:CPU hands a matmul to its fast library (YNNPACK) only when the left operand's contracted
+    axis is its innermost one. Written directly, the contraction over Tq takes [Tq, S] as the left
+    operand: XLA transposes it, or runs a slower matmul, for a [Tq, S] array per head. Here the
+    small [Tq, D] side is transposed instead, to [D, (G, Tq)], and the product is [D, S]; the
+    optimization barriers keep XLA from folding the two small transposes back into the product.
+    """
+    n, kv, g, t, d = a.shape
+    a_t = jax.lax.optimization_barrier(a.transpose(0, 1, 4, 2, 3).reshape(n, kv, d, g * t))
+    b = b.reshape(n, kv, g * t, b.shape[-1])
+    out_t = jnp.einsum("nkdt,nkts->nkds", a_t, b, preferred_element_type=jnp.float32)
+    return jax.lax.optimization_barrier(out_t).transpose(0, 1, 3, 2)
 
 
 attend.defvjp(_attend_forward, _attend_backward)
