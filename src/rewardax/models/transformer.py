@@ -278,7 +278,9 @@ def attend(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array, scale: flo
     -> float32 [N, K, G, Tq, D].
 
     Scores, softmax and the products' sums are float32 whatever the inputs' dtype: bf16 logits
-    lose the small differences between keys that attention depends on. A query that may see no
+    lose the small differences between keys that attention depends on. The probabilities (and
+    the scores' gradient) are rounded to the inputs' dtype for the products that read them, as
+    flash attention does under bf16. A query that may see no
     key (padding) gets zeros. The backward pass is written out (`_attend_backward`): it keeps
     the unnormalised probabilities and the row sums' inverses, takes rowsum(dP * P) from the
     small [Tq, D] output, and needs no mask select, where autodiff of the same forward code makes
@@ -297,9 +299,10 @@ def _attend_forward(q, k, v, mask, scale):
     probs = jnp.where(visible, jnp.exp((scores - row_max) * scale), 0.0)
     total = jnp.sum(probs, axis=-1)
     inv_total = jnp.where(total > 0, 1.0 / jnp.where(total > 0, total, 1.0), 0.0)
-    out = jnp.einsum(
-        "nkgts,nksd->nkgtd", probs.astype(v.dtype), v, preferred_element_type=jnp.float32
-    )
+    # The probabilities are kept in the products' input dtype (bf16 under bf16 matmuls): the
+    # products read them in it anyway, and the [Tq, S] residual is then half the size.
+    probs = probs.astype(v.dtype)
+    out = jnp.einsum("nkgts,nksd->nkgtd", probs, v, preferred_element_type=jnp.float32)
     out = out * inv_total[..., None]
     return out, (q, k, v, probs, inv_total, out)
 
@@ -313,11 +316,10 @@ def _attend_backward(scale, residuals, grad_out):
         "nkgtd,nksd->nkgts", grad_out.astype(v.dtype), v, preferred_element_type=jnp.float32
     )
     grad_scores = probs * ((grad_probs - row_dot[..., None]) * (inv_total * scale)[..., None])
-    grad_q = jnp.einsum(
-        "nkgts,nksd->nkgtd", grad_scores.astype(k.dtype), k, preferred_element_type=jnp.float32
-    )
-    grad_k = _contract_queries(q, grad_scores.astype(q.dtype))
-    grad_v = _contract_queries(grad_out * inv_total[..., None], probs)
+    grad_scores = grad_scores.astype(q.dtype)
+    grad_q = jnp.einsum("nkgts,nksd->nkgtd", grad_scores, k, preferred_element_type=jnp.float32)
+    grad_k = _contract_queries(q, grad_scores)
+    grad_v = _contract_queries((grad_out * inv_total[..., None]).astype(v.dtype), probs)
     return grad_q.astype(q.dtype), grad_k.astype(k.dtype), grad_v.astype(v.dtype), None
 
 
@@ -380,6 +382,7 @@ class Attention(nnx.Module):
             self.q_norm = None
             self.k_norm = None
         self.num_heads, self.num_kv_heads, self.head_dim = h, k, d
+        self.matmul_dtype = None if matmul_dtype is None else jnp.dtype(matmul_dtype)
 
     def __call__(self, x: jax.Array, cos: jax.Array, sin: jax.Array, mask: jax.Array) -> jax.Array:
         """x [N, T, E]; cos/sin [N, T, D]; mask bool [N, T, T] -> [N, T, E] in x's dtype."""
@@ -398,8 +401,17 @@ class Attention(nnx.Module):
         # never hold the whole [T, T] scores at once. Exact: the skipped keys are masked anyway.
         n_blocks = -(-t // ATTENTION_QUERY_BLOCK)
         bounds = [t * i // n_blocks for i in range(n_blocks + 1)]
+        # Under bf16 matmuls each block's inputs are cast after slicing: the blocks' gradients
+        # for the shared keys and values are then added in float32.
+        md = self.matmul_dtype or q.dtype
         blocks = [
-            attend(q[:, :, :, a:b], k[:, :, :b], v[:, :, :b], mask[:, a:b, :b], scale)
+            attend(
+                q[:, :, :, a:b].astype(md),
+                k[:, :, :b].astype(md),
+                v[:, :, :b].astype(md),
+                mask[:, a:b, :b],
+                scale,
+            )
             for a, b in itertools.pairwise(bounds)
         ]
         out = blocks[0] if n_blocks == 1 else jnp.concatenate(blocks, axis=3)
