@@ -223,6 +223,13 @@ def test_buckets():
     fine = default_bucket_lengths(256, buckets_per_octave=8)
     assert fine[:9] == (4, 8, 12, 16, 20, 24, 28, 32, 36) and fine[-5:] == (192, 208, 224, 240, 256)
     assert default_bucket_lengths(512, (100, 900)) == (100, 512)
+    # From 1024 tokens on, twice the steps: long rows' padding costs seconds a step.
+    assert default_bucket_lengths(2048)[-10:] == (
+        (896, 1024, 1152, 1280, 1408, 1536, 1664, 1792, 1920, 2048)
+    )
+    assert default_bucket_lengths(2048, buckets_per_octave=1)[-3:] == (1024, 1536, 2048)
+    # More steps than tokens in an octave: one-token steps there (this used to loop forever).
+    assert default_bucket_lengths(128, buckets_per_octave=64)[:3] == (1, 2, 3)
     # Any rung wastes at most 1/(1 + buckets_per_octave) of a batch padded up to it.
     for per_octave in (1, 2, 4, 8):
         ladder = default_bucket_lengths(4096, buckets_per_octave=per_octave)

@@ -41,8 +41,9 @@ class DataConfig:
         packs 8 VADER pairs into 3 or 4 rows); the longest row a sequence needs (max_row_length)
         is added when no given length reaches it.
       buckets_per_octave: the default ladder: this many equal steps per doubling (4: 8, 16, ...,
-        64, 80, 96, 112, 128, 160, ...; 1: powers of two from 32). Each distinct length a run meets
-        is one XLA compilation: more rungs pad less but compile more programs.
+        64, 80, 96, 112, 128, 160, ...; 1: powers of two from 32), twice as many from 1024 tokens
+        on (4: 1024, 1152, 1280, ...). Each distinct length a run meets is one XLA compilation:
+        more rungs pad less but compile more programs.
       prefetch: batches prepared ahead of the training step.
       layout: how training pairs are laid out in a batch (evaluation always uses `padded`).
         `padded`: one row per response, padded to the batch's bucket length. `packed`: whole
