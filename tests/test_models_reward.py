@@ -254,6 +254,35 @@ def test_swiglu_hand_written_backward_equals_autodiff():
     assert float(jnp.max(jnp.abs(got[0] - got[1]))) > 0.1
 
 
+def test_scanned_layers_equal_unrolled_layers(monkeypatch):
+    """Decoders of at most UNROLLED_MAX_LAYERS layers run them unrolled, deeper ones as a scan:
+    the two programs must give the same rewards and gradients (the tiny test models take the
+    unrolled path, so the scan is checked here), with dropout's per-layer keys too."""
+    import rewardax.models.transformer as transformer
+
+    model = scrambled_model("llama", dropout_rate=0.3)
+    assert model.config.num_hidden_layers <= transformer.UNROLLED_MAX_LAYERS
+    ids, mask = map(jnp.asarray, pad_rows(random_rows(5, [12, 7]), "right"))
+    key = jax.random.key(3)
+
+    def run():
+        def loss(m):
+            out = m(ids, mask, deterministic=False, dropout_rng=key)
+            return jnp.sum(out.logits**2), out.logits
+
+        (_, logits), grads = nnx.value_and_grad(loss, has_aux=True)(model)
+        return logits, jax.tree.leaves(nnx.state(grads, nnx.Param))
+
+    unrolled, unrolled_grads = run()
+    monkeypatch.setattr(transformer, "UNROLLED_MAX_LAYERS", 0)
+    scanned, scanned_grads = run()
+    assert not np.allclose(unrolled, 0.0)
+    np.testing.assert_allclose(scanned, unrolled, atol=1e-5, rtol=1e-5)
+    for a, b in zip(scanned_grads, unrolled_grads, strict=True):
+        scale = float(np.max(np.abs(b))) + 1e-12
+        np.testing.assert_allclose(a / scale, b / scale, atol=1e-5, rtol=0)
+
+
 @pytest.mark.parametrize("side", ["right", "left"])
 def test_query_blocks_equal_one_block(monkeypatch, side):
     """Rows longer than ATTENTION_QUERY_BLOCK are attended block by block, each block against the
