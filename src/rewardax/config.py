@@ -162,9 +162,8 @@ class ModelSection:
       matmul_dtype: dtype the inputs of the projection matmuls and of attention's products
         (scores, probabilities x values, and their gradients) are cast to (accumulation, softmax
         and row sums in float32); null = `dtype`. `bfloat16` with `dtype: float32` runs only the
-        matmuls in bf16:
-        SmolLM2 gradients take 0.69x the float32 time on a CPU with AMX (recent Xeons;
-        benchmarks/bench_matmul_dtype.py); a CPU without bf16 units is not expected to gain.
+        matmuls in bf16: SmolLM2 gradients take 0.69x the float32 time on a CPU with AMX (recent
+        Xeons; benchmarks/bench_matmul_dtype.py); a CPU without bf16 units is not expected to gain.
       remat_policy: gradient checkpointing per transformer block: `none` keeps all activations,
         `full` recomputes the block in the backward pass, `save_dots` keeps only matmul outputs.
       dropout_rate: dropout probability in the backbone during training; 0.0 turns dropout off (the

@@ -280,11 +280,12 @@ def attend(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array, scale: flo
     Scores, softmax and the products' sums are float32 whatever the inputs' dtype: bf16 logits
     lose the small differences between keys that attention depends on. The probabilities (and
     the scores' gradient) are rounded to the inputs' dtype for the products that read them, as
-    flash attention does under bf16. A query that may see no
-    key (padding) gets zeros. The backward pass is written out (`_attend_backward`): it keeps
-    the unnormalised probabilities and the row sums' inverses, takes rowsum(dP * P) from the
-    small [Tq, D] output, and needs no mask select, where autodiff of the same forward code makes
-    several more passes over the [Tq, S] arrays (`benchmarks/bench_attention.py --backward`).
+    flash attention does under bf16. A query that may see no key (padding) gets zeros.
+
+    The backward pass is written out (`_attend_backward`): it keeps the unnormalised
+    probabilities and the row sums' inverses, takes rowsum(dP * P) from the small [Tq, D]
+    output, and needs no mask select, where autodiff of the same forward code makes several more
+    passes over the [Tq, S] arrays (`benchmarks/bench_attention.py --backward`).
     """
     return _attend_forward(q, k, v, mask, scale)[0]
 
@@ -382,7 +383,6 @@ class Attention(nnx.Module):
             self.q_norm = None
             self.k_norm = None
         self.num_heads, self.num_kv_heads, self.head_dim = h, k, d
-        self.matmul_dtype = None if matmul_dtype is None else jnp.dtype(matmul_dtype)
 
     def __call__(self, x: jax.Array, cos: jax.Array, sin: jax.Array, mask: jax.Array) -> jax.Array:
         """x [N, T, E]; cos/sin [N, T, D]; mask bool [N, T, T] -> [N, T, E] in x's dtype."""
@@ -403,7 +403,7 @@ class Attention(nnx.Module):
         bounds = [t * i // n_blocks for i in range(n_blocks + 1)]
         # Under bf16 matmuls each block's inputs are cast after slicing: the blocks' gradients
         # for the shared keys and values are then added in float32.
-        md = self.matmul_dtype or q.dtype
+        md = self.q_proj.matmul_dtype or q.dtype
         blocks = [
             attend(
                 q[:, :, :, a:b].astype(md),
