@@ -403,7 +403,7 @@ class Attention(nnx.Module):
         bounds = [t * i // n_blocks for i in range(n_blocks + 1)]
         # Under bf16 matmuls each block's inputs are cast after slicing: the blocks' gradients
         # for the shared keys and values are then added in float32.
-        md = self.q_proj.matmul_dtype or q.dtype
+        md = q.dtype if self.q_proj.matmul_dtype is None else self.q_proj.matmul_dtype
         blocks = [
             attend(
                 q[:, :, :, a:b].astype(md),
