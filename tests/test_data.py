@@ -267,11 +267,6 @@ BAD = [
         "bad_token_id",
         "chosen_input_ids",
     ),
-    (
-        {"prompt": "p ", "chosen": "word " * 30, "rejected": "x"},
-        "response_too_long",
-        "max_sequence_length",
-    ),
 ]
 
 
@@ -286,6 +281,21 @@ def test_bad_input_errors_name_field_and_skip_counts(tok, row, reason, needle):
         row, 0, "row 0"
     )
     assert record["dropped"] == reason
+
+
+def test_keep_end_keeps_the_end_of_a_response_longer_than_the_limit(tok):
+    """keep_end never refuses a long response: its last tokens (with the reward token) stay."""
+    from rewardax.data.collate import RowProcessor
+
+    row = {"prompt": "p ", "chosen": "word " * 30, "rejected": "x"}
+    full = RowProcessor(tok, DataConfig(max_sequence_length=512)).process(row, 0, "row 0")
+    cut = RowProcessor(tok, DataConfig(max_sequence_length=16)).process(row, 0, "row 0")
+    full_ids, cut_ids = full["chosen_input_ids"].tolist(), cut["chosen_input_ids"].tolist()
+    assert len(full_ids) > 16 and len(cut_ids) == 16
+    keep_bos = 1 if tok.bos_token_id is not None and full_ids[0] == tok.bos_token_id else 0
+    assert cut_ids == full_ids[:keep_bos] + full_ids[len(full_ids) - (16 - keep_bos) :]
+    assert cut_ids[-1] == full_ids[-1]  # the reward token
+    assert cut["truncated"] and not full["truncated"]
 
 
 def test_chat_template_failure_is_a_data_error(tok):

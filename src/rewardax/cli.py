@@ -224,7 +224,7 @@ def cmd_eval(args: argparse.Namespace, extra: list[str]) -> dict[str, Any]:
         name = Path(args.data).stem
         # The trainer loads model.path itself, with every model setting of the config.
         trainer = RewardTrainer(config, tokenizer, eval_dataset={name: source})
-        trainer.evaluate()
+        counts = trainer.evaluate()[name]
         rewards = trainer._last_rewards[name]
     metrics = preference_metrics(
         rewards["chosen"],
@@ -234,9 +234,17 @@ def cmd_eval(args: argparse.Namespace, extra: list[str]) -> dict[str, Any]:
         rejected_lengths=rewards["rejected_lengths"],
         subsets=_subsets(source, rewards["row_index"]),
     )
+    metrics["num_truncated"] = counts["num_truncated"]
+    metrics["num_dropped"] = counts["num_dropped"]
+    cut = ""
+    if metrics["num_truncated"]:
+        cut = (
+            f"; {metrics['num_truncated']} pairs cut to {config.data.max_sequence_length} tokens "
+            f"({config.data.truncation_mode})"
+        )
     _log(
         f"{name}: accuracy {metrics['accuracy']:.4f} over {metrics['num_pairs']} pairs, "
-        f"loss {metrics['loss']:.4f}, ECE {metrics['ece']:.4f}"
+        f"loss {metrics['loss']:.4f}, ECE {metrics['ece']:.4f}{cut}"
     )
     report_dir = None
     if args.report:

@@ -19,7 +19,7 @@ from rewardax.checkpoint import TrainCheckpointer, resolve_resume
 from rewardax.config import RewardConfig
 from rewardax.errors import CheckpointError, ModelLoadError
 from rewardax.models import ModelConfig, RewardModel, load_tokenizer
-from rewardax.optim import build_optimizer
+from rewardax.optim import build_optimizer, constant_rate
 from rewardax.state import RewardState
 
 TOKENIZER_DIRNAME = "tokenizer"  # the trainer's <run>/tokenizer
@@ -73,7 +73,7 @@ def load_checkpoint_model(checkpoint: str | os.PathLike) -> tuple[RewardModel, i
                 rngs=nnx.Rngs(0),
             )
 
-        optimizer = build_optimizer(config.optim, 1)  # its state layout does not depend on steps
+        optimizer = build_optimizer(constant_rate(config.optim), 1)  # for its state layout
         # Shapes only: no parameter is initialised just to be overwritten.
         abstract = jax.eval_shape(lambda: RewardState.create(build_model(), optimizer).arrays())
         graphdef = nnx.split(nnx.eval_shape(build_model), nnx.Param, ...)[0]

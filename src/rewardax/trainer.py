@@ -29,7 +29,7 @@ from rewardax.errors import CheckpointError, ConfigError, NonFiniteError
 from rewardax.evaluation import preference_metrics, reward_normalization
 from rewardax.logging import MetricsLogger
 from rewardax.models import AutoRewardModel, RewardModel, smollm2_gguf_path
-from rewardax.optim import build_optimizer, build_schedule
+from rewardax.optim import build_optimizer, build_schedule, constant_rate
 from rewardax.sharding import (
     batch_sharding,
     global_batch,
@@ -176,8 +176,12 @@ class RewardTrainer:
         self.eval_sets = self._named_eval_sets(eval_dataset)
         self.total_steps = self._total_steps()
 
-        self.schedule = build_schedule(cfg.optim, max(self.total_steps, 1))
-        self.optimizer = build_optimizer(cfg.optim, max(self.total_steps, 1))
+        if self.total_steps > 0:
+            self.schedule = build_schedule(cfg.optim, self.total_steps)
+            self.optimizer = build_optimizer(cfg.optim, self.total_steps)
+        else:  # nothing to train (evaluation only): the run's length and schedule are unknown
+            self.schedule = build_schedule(constant_rate(cfg.optim), 1)
+            self.optimizer = build_optimizer(constant_rate(cfg.optim), 1)
         self.state = self._initial_state(model)
         self.model_config = self.state.model.config
         self.run_dir = Path(cfg.checkpoint.save_directory) / self.run_name()
@@ -518,6 +522,7 @@ class RewardTrainer:
         mine = distributed.local_row_indices(batch_sharding(self.mesh), batch_size)
         for name, source in sets.items():
             parts: dict[str, list[np.ndarray]] = {k: [] for k in (*_EVAL_FIELDS, "pair_mask")}
+            stats = rdata.LoaderStats()
             batches = rdata.iterate_eval_batches(
                 source,
                 self.tokenizer,
@@ -525,6 +530,7 @@ class RewardTrainer:
                 batch_size=local_batch_size,
                 process_index=self.process_index,
                 process_count=self.process_count,
+                stats=stats,
             )
             pad_id = rdata.pad_token_id(self.tokenizer)
             for host_batch in distributed.lockstep(batches, local_batch_size, pad_id):
@@ -554,6 +560,12 @@ class RewardTrainer:
                 margin=rewards["margin"],
                 chosen_lengths=rewards["chosen_lengths"],
                 rejected_lengths=rewards["rejected_lengths"],
+            )
+            # Pairs cut to data.max_sequence_length by the run's truncation_mode, and rows left
+            # out (truncation_mode=filter, or on_invalid=skip), over all processes.
+            results[name]["num_truncated"] = round(distributed.process_sum(stats.truncated))
+            results[name]["num_dropped"] = round(
+                distributed.process_sum(sum(stats.dropped.values()))
             )
         return results
 

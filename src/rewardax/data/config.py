@@ -19,8 +19,9 @@ class DataConfig:
     Attributes:
       max_sequence_length: the most tokens one response (prompt + response) may take.
       truncation_mode: `keep_end` cuts the prompt from the left and keeps the whole response with its
-        reward token; `keep_start` keeps the first tokens and scores the last kept one; `filter` drops
-        the pair.
+        reward token (a response longer than max_sequence_length alone keeps its last tokens, after
+        BOS); `keep_start` keeps the first tokens and scores the last kept one; `filter` drops the
+        pair. Cut pairs are counted (`truncated` in the data statistics and eval metrics).
       on_invalid: `error` stops at the first malformed row, naming file, row and field; `skip` drops
         it and counts it by reason.
       append_eos: append the tokenizer's EOS token to plain-text responses that do not end with it.

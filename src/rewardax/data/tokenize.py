@@ -209,12 +209,9 @@ class PairEncoder:
         response = ids[n_prompt:]
         budget = limit - keep_bos - len(response)
         if budget < 0:
-            raise InvalidRow(
-                "response_too_long",
-                name,
-                f"the response alone has {len(response)} tokens, more than max_sequence_length="
-                f"{limit} allows; raise max_sequence_length or use truncation_mode keep_start/filter",
-            )
+            # The response alone is longer than the limit: its end, which holds the reward token,
+            # is kept (after BOS); the prompt and the response's start are cut.
+            return ids[:keep_bos] + response[len(response) - (limit - keep_bos) :], True
         return ids[:keep_bos] + ids[n_prompt - budget : n_prompt] + response, True
 
     def encode(self, pair: NormalizedPair) -> dict:
