@@ -119,7 +119,13 @@ def test_train_writes_the_run_and_ends_with_one_json_line(work):
     assert (run / "metrics.jsonl").is_file() and (run / "report" / "index.html").is_file()
     exported = json.loads((run / "export" / "config.json").read_text())["rewardax"]
     assert exported["trained_steps"] == 4 and exported["reward_normalization"]["std"] > 0
-    assert "accuracy before training" in work["proc"].stderr
+    before, after = summary["accuracy_before"]["heldout"], summary["accuracy_after"]["heldout"]
+    assert f"heldout accuracy {before:.4f} -> {after:.4f}\n" in work["proc"].stderr
+    assert "summary: {" not in work["proc"].stderr  # no raw dict on the console
+    page = (run / "report" / "index.html").read_text()
+    # The run's facts, before/after and the misranked pairs reach the report.
+    assert "Before and after training" in page and "Misranked pairs" in page
+    assert str(run / "export") in page and "rewardax score --model" in page
 
 
 def test_eval_report_and_accuracy_match_independent_rewards(work, tokenizer, capsys):

@@ -318,7 +318,7 @@ def test_shipped_configs_load_and_validate():
     assert default.data.max_sequence_length == 64
     assert (default.data.layout, default.data.bucket_lengths) == ("shared_prompt", (128, 192))
     assert (default.model.dtype, default.model.matmul_dtype) == ("float32", "bfloat16")
-    assert default.eval.eval_at_start and default.eval.eval_steps is None
+    assert default.eval.eval_at_start and default.eval.eval_steps == 40
     assert default.model.path is None
     tiny = RewardConfig.from_yaml(CONFIGS / "tiny.yaml").validate(8)
     assert tiny.train.max_training_steps == 4

@@ -327,3 +327,26 @@ def test_chunked_encoding_equals_row_by_row(tok):
     last = together[-1]["chosen_input_ids"].tolist()
     assert last == [*tok("Q: A café, naïve résumé 東京 🙂.").input_ids, IM_END]
     assert together[6]["truncated"] and together[7]["dropped"] == "identical"
+
+
+def test_every_bundled_row_fits_the_tiny_config(tok):
+    """configs/tiny.yaml (32 tokens) on the bundled VADER files: every pair is kept, long ones cut."""
+    import json
+    from importlib import resources
+
+    from rewardax.config import RewardConfig
+    from rewardax.data.collate import RowProcessor
+
+    config = RewardConfig.from_yaml(resources.files("rewardax") / "configs" / "tiny.yaml")
+    processor = RowProcessor(tok, config.data)
+    cut = 0
+    for name in ("train", "train_extra", "heldout"):
+        lines = (
+            resources.files("rewardax") / "assets" / f"vader_movie_pairs.{name}.jsonl"
+        ).read_text()
+        for i, line in enumerate(lines.splitlines()):
+            record = processor.process(json.loads(line), i, f"{name} row {i}")
+            assert "dropped" not in record, record
+            assert len(record["chosen_input_ids"]) <= 32 >= len(record["rejected_input_ids"])
+            cut += record["truncated"]
+    assert cut > 0  # the limit does bite: some rows are longer than 32 tokens

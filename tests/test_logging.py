@@ -59,7 +59,7 @@ def test_lines_are_written_and_parsed_back(tmp_path: Path, capsys) -> None:
         json.loads(line, parse_constant=lambda c: pytest.fail(f"non-standard JSON {c}"))
     err = capsys.readouterr().err
     assert "step 10/20 loss 0.5000 acc 0.750 pairs/s 100.0" in err
-    assert "step 10 eval/heldout: loss 0.2500 acc 1.000 num_pairs 7" in err
+    assert "step 10 eval/heldout: loss 0.2500 acc 1.0000 pairs 7\n" in err
     assert "step 20/20 loss nan" in err
 
 

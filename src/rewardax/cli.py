@@ -6,10 +6,14 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
+import os
 import re
 import sys
 import tempfile
 import time
+from collections.abc import Mapping, Sequence
+from datetime import UTC, datetime
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -112,6 +116,11 @@ def _overrides(extra: list[str]) -> list[str]:
     return out
 
 
+def _describe_data(files: str | list[str]) -> str:
+    names = [files] if isinstance(files, str) else list(files)
+    return ", ".join(Path(f).name for f in names)
+
+
 def cmd_train(args: argparse.Namespace, extra: list[str]) -> dict[str, Any]:
     from rewardax import distributed
     from rewardax.config import RewardConfig
@@ -119,6 +128,7 @@ def cmd_train(args: argparse.Namespace, extra: list[str]) -> dict[str, Any]:
     from rewardax.trainer import RewardTrainer
 
     start = time.perf_counter()
+    started = datetime.now(UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
     config = RewardConfig.from_yaml(args.config or DEFAULT_CONFIG, _overrides(extra))
     # Join a multi-process job before anything touches a device (and before logging, so only
     # process 0 prints).
@@ -126,21 +136,26 @@ def cmd_train(args: argparse.Namespace, extra: list[str]) -> dict[str, Any]:
     train_file = args.train or DEFAULT_TRAIN
     eval_sets = _parse_eval(args.eval) if args.eval else ({} if args.train else DEFAULT_EVAL)
     model_path = local_model_path(config.model.path) if config.model.path else smollm2_gguf_path()
-    _log(f"rewardax train: model {model_path}; train {train_file}; eval {eval_sets or 'none'}")
     tokenizer = load_tokenizer(args.tokenizer or model_path)
     trainer = RewardTrainer(
         config, tokenizer, train_dataset=train_file, eval_dataset=eval_sets or None
+    )
+    evals = ", ".join(f"{n} ({Path(p).name})" for n, p in eval_sets.items()) or "none"
+    _log(
+        f"rewardax train: {Path(model_path).name} on {_describe_data(train_file)}, "
+        f"{trainer.total_steps} steps of {trainer.step_batch_size} pairs; eval {evals}; "
+        f"run {trainer.run_dir}"
     )
     result = trainer.train()
     metrics = result.metrics
     before = {k: v["accuracy"] for k, v in metrics.get("eval_before", {}).items()}
     after = {k: v["accuracy"] for k, v in metrics.get("eval", {}).items()}
-    for name, accuracy in before.items():
-        _log(f"{name} accuracy before training: {accuracy:.4f}")
-    for name, accuracy in after.items():
-        _log(f"{name} accuracy after training:  {accuracy:.4f}")
     report_dir = None
     if eval_sets and not args.no_report and not result.stopped_early:
+        from rewardax.data import load_source
+
+        facts = _run_facts(config, trainer, result, model_path, train_file, eval_sets)
+        facts.update(started=started, wall_time_s=round(time.perf_counter() - start, 1))
         report_dir = _write_report(
             result.run_dir / "report",
             metrics["eval"],
@@ -148,7 +163,22 @@ def cmd_train(args: argparse.Namespace, extra: list[str]) -> dict[str, Any]:
             training_metrics=result.run_dir / "metrics.jsonl",
             title=f"rewardax run {result.run_dir.name}",
             overwrite=True,
+            run=facts,
+            metrics_before=metrics.get("eval_before"),
+            pairs={
+                name: _pair_texts(load_source(path), trainer._last_rewards[name], tokenizer)
+                for name, path in eval_sets.items()
+            },
         )
+    wall = round(time.perf_counter() - start, 2)
+    for name in after:
+        was = f"{before[name]:.4f} -> " if name in before else ""
+        _log(f"{name} accuracy {was}{after[name]:.4f}")
+    if result.stopped_early:
+        _log(f"stopped early at step {metrics.get('step')}; rerun the same command to resume")
+    else:
+        _log(f"done in {wall:.0f} s: model {result.export_dir}")
+    if report_dir:
         _log(f"report: {report_dir / 'index.html'}")
     return {
         "command": "train",
@@ -162,11 +192,81 @@ def cmd_train(args: argparse.Namespace, extra: list[str]) -> dict[str, Any]:
         "eval_loss": {k: v["loss"] for k, v in metrics.get("eval", {}).items()},
         "train_loss": metrics.get("train", {}).get("loss"),
         "data": metrics.get("data"),
-        "wall_time_s": round(time.perf_counter() - start, 2),
+        "wall_time_s": wall,
     }
 
 
-def _write_report(report_dir, metrics, rewards, *, training_metrics, title, overwrite):
+def _run_facts(config, trainer, result, model_path, train_file, eval_sets) -> dict[str, Any]:
+    """What the report's "Run" table shows (keys of `rewardax.report.RUN_KEYS`)."""
+    from rewardax.optim import resolve_warmup_steps
+
+    metrics = result.metrics
+    data = metrics.get("data") or {}
+    steps_s = (metrics.get("timing") or {}).get("steps_s")
+    export_config = Path(result.export_dir or "") / "config.json"
+    normalization = None
+    if result.export_dir and export_config.is_file():
+        stored = json.loads(export_config.read_text(encoding="utf-8")).get("rewardax") or {}
+        normalization = stored.get("reward_normalization")
+    return {
+        "name": result.run_dir.name,
+        "run_dir": str(result.run_dir),
+        "model": str(model_path),
+        "train_data": [train_file] if isinstance(train_file, str) else list(train_file),
+        "eval_data": dict(eval_sets),
+        "train_pairs": data.get("pairs_seen"),
+        "steps": metrics.get("step"),
+        "epochs": (
+            config.train.num_train_epochs if config.train.max_training_steps is None else None
+        ),
+        "batch_size": trainer.step_batch_size,
+        "learning_rate": config.optim.learning_rate,
+        "lr_schedule": config.optim.schedule,
+        "warmup_steps": resolve_warmup_steps(config.optim, trainer.total_steps),
+        "max_sequence_length": config.data.max_sequence_length,
+        "layout": config.data.layout,
+        "dtype": config.model.dtype,
+        "matmul_dtype": config.model.matmul_dtype,
+        "seed": config.train.seed,
+        "train_time_s": steps_s,
+        "pairs_per_s": data["pairs_seen"] / steps_s if steps_s and "pairs_seen" in data else None,
+        "tokens_per_s": data["real_tokens"] / steps_s
+        if steps_s and "real_tokens" in data
+        else None,
+        "export_dir": str(result.export_dir) if result.export_dir else None,
+        "normalization": normalization,
+    }
+
+
+def _response_text(value: Any, tokenizer: Any) -> str:
+    """A readable text of one side of a pair: a string, a chat (its last message), or token ids."""
+    if isinstance(value, str):
+        return value
+    if isinstance(value, Mapping):
+        return str(value.get("content", value.get("value", "")))
+    if isinstance(value, Sequence) and len(value) > 0:
+        if all(isinstance(t, int) for t in value):
+            return tokenizer.decode(list(value))
+        return _response_text(value[-1], tokenizer)
+    return str(value)
+
+
+def _pair_texts(source: Any, rewards: Mapping[str, Any], tokenizer: Any) -> list[tuple[str, str]]:
+    """(chosen, rejected) texts of the evaluated pairs, in the order of their rewards."""
+    keys = (
+        ("chosen", "rejected"),
+        ("chosen_input_ids", "rejected_input_ids"),
+        ("input_ids_chosen", "input_ids_rejected"),
+    )
+    texts = []
+    for i in rewards["row_index"]:
+        row = source[int(i)]
+        chosen, rejected = next(((row[c], row[r]) for c, r in keys if c in row), ("", ""))
+        texts.append((_response_text(chosen, tokenizer), _response_text(rejected, tokenizer)))
+    return texts
+
+
+def _write_report(report_dir, metrics, rewards, *, training_metrics, title, overwrite, **extra):
     from rewardax.logging import read_metrics
     from rewardax.report import write_report
 
@@ -184,6 +284,7 @@ def _write_report(report_dir, metrics, rewards, *, training_metrics, title, over
         training_metrics=rows,
         title=title,
         overwrite=overwrite,
+        **extra,
     )
 
 
@@ -258,6 +359,7 @@ def cmd_eval(args: argparse.Namespace, extra: list[str]) -> dict[str, Any]:
             training_metrics=(run / "metrics.jsonl") if run else None,
             title=f"rewardax evaluation of {Path(model_path).name} on {name}",
             overwrite=args.overwrite,
+            pairs={name: _pair_texts(source, rewards, tokenizer)},
         )
         _log(f"report: {Path(report_dir) / 'index.html'}")
     return {
@@ -471,6 +573,10 @@ def main(argv: list[str] | None = None) -> int:
     from rewardax import hostmem
 
     hostmem.retain_freed_memory()  # first: it only applies before JAX's CPU backend starts
+    # Third-party notices that mean nothing to a user of the command: transformers' advice that
+    # PyTorch is absent (rewardax never needs it) and absl's (Orbax's) warnings. Errors still show.
+    os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
+    logging.getLogger("absl").setLevel(logging.ERROR)
     parser = build_parser()
     args, extra = parser.parse_known_args(argv)
     try:

@@ -38,6 +38,15 @@ _PROGRESS_FIELDS = (
     ("accuracy", "acc", ".3f"),
     ("pairs_per_second", "pairs/s", ".1f"),
 )
+# What an evaluation's console line shows (metrics.jsonl keeps every metric).
+_EVAL_FIELDS = (
+    ("loss", "loss", ".4f"),
+    ("accuracy", "acc", ".4f"),
+    ("mean_margin", "margin", ".4f"),
+    ("ece", "ECE", ".4f"),
+    ("num_pairs", "pairs", "d"),
+    ("num_truncated", "truncated", "d"),
+)
 
 
 def _encode(value: Any, key: str) -> float | int | str | bool:
@@ -219,7 +228,7 @@ class MetricsLogger:
         if prefix == "train":
             self.update(step, numbers)
         else:
-            self._write_line(f"step {int(step)} {prefix}: {_format_fields(numbers, all_keys=True)}")
+            self._write_line(f"step {int(step)} {prefix}: {_format_fields(numbers, _EVAL_FIELDS)}")
 
     def update(self, step: int, metrics: Mapping[str, Any] | None = None) -> None:
         """Advances the progress display to ``step``: step, loss, accuracy, pairs/s and ETA."""
@@ -251,7 +260,7 @@ class MetricsLogger:
         self._write_line(line)
 
     def summary(self, values: Mapping[str, Any]) -> None:
-        """Writes the end-of-run summary (``summary.json``, atomically) and prints it."""
+        """Writes the end-of-run summary (``summary.json``, atomically) and says where it is."""
         if not self.enabled:
             return
         path = self.run_dir / SUMMARY_FILE
@@ -264,7 +273,7 @@ class MetricsLogger:
         os.replace(tmp, path)
         if self._wandb_run is not None:
             self._wandb_run.summary.update(_json_safe(values))
-        self._write_line(f"summary: {json.dumps(_json_safe(values), allow_nan=False)}")
+        self._write_line(f"run summary: {path}")
 
     # ------------------------------------------------------------------------------ internals
     def _eta(self, step: int, now: float) -> str | None:
@@ -326,19 +335,13 @@ class MetricsLogger:
         self.close()
 
 
-def _format_fields(metrics: Mapping[str, Any], all_keys: bool = False) -> str:
-    """``loss 0.6931 acc 0.500 pairs/s 120.0`` (with ``all_keys``: every numeric metric)."""
+def _format_fields(metrics: Mapping[str, Any], fields: tuple = _PROGRESS_FIELDS) -> str:
+    """``loss 0.6931 acc 0.500 pairs/s 120.0``: the `fields` (key, label, format) present."""
     parts = []
-    for key, label, fmt in _PROGRESS_FIELDS:
-        if isinstance(metrics.get(key), int | float):
-            parts.append(f"{label} {metrics[key]:{fmt}}")
-    if all_keys:
-        shown = {key for key, _, _ in _PROGRESS_FIELDS}
-        parts += [
-            f"{k} {v:.4g}"
-            for k, v in metrics.items()
-            if k not in shown and isinstance(v, int | float)
-        ]
+    for key, label, fmt in fields:
+        value = metrics.get(key)
+        if isinstance(value, int | float):
+            parts.append(f"{label} {int(value) if fmt == 'd' else value:{fmt}}")
     return " ".join(parts)
 
 

@@ -1,5 +1,9 @@
 """An HTML evaluation report with PNG plots, from rewards and `preference_metrics` results.
 
+The page answers, in this order: what was trained on what (the run), how far training moved the
+metrics (before and after), the metrics per eval set, the plots, the pairs the model gets most
+wrong, and how to use the exported model. Every number in a table goes through `format_number`.
+
 Needs matplotlib (the `report` extra). Figures are drawn on `matplotlib.figure.Figure` objects, which
 render with the non-interactive Agg canvas without touching pyplot's global backend, so calling this
 from a notebook or a training process changes nothing else.
@@ -8,12 +12,15 @@ from a notebook or a training process changes nothing else.
 from __future__ import annotations
 
 import html
+import json
 import math
+import numbers
 import os
+import shlex
 import shutil
 import tempfile
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -28,6 +35,9 @@ CHOSEN_COLOR = "#1f77b4"
 REJECTED_COLOR = "#ff7f0e"
 DPI = 100
 MAX_SCATTER_POINTS = 4000  # per response kind; keeps the PNG light and the points visible
+TEXT_PREVIEW_CHARS = 300  # of each text shown for a misranked pair
+# Decimals per kind of number (see `format_number`); "count" and "auto" integers have none.
+_DECIMALS = {"auto": 4, "score": 4, "count": 4, "seconds": 1, "rate": 1, "length": 1}
 
 
 @dataclass(frozen=True)
@@ -159,7 +169,19 @@ def _plot_training(figure_class: Any, series: dict, path: Path) -> None:
                         steps[window - 1 :], smooth, color="0.2", lw=1.6, label="train (smoothed)"
                     )
             else:
-                ax.plot(steps, values, "o-", ms=4, lw=1.6, label=_plain(split))
+                # Evaluations are few and far apart: each one gets a marker drawn above the train
+                # lines, so three evaluations read as three measurements, not as a line.
+                ax.plot(
+                    steps,
+                    values,
+                    "o-",
+                    ms=7,
+                    mec="white",
+                    mew=1.0,
+                    lw=1.6,
+                    zorder=3,
+                    label=f"{_plain(split)} ({len(values)} evaluation{'' if len(values) == 1 else 's'})",
+                )
         ax.set_xlabel("training step")
         ax.set_ylabel(metric)
         ax.grid(alpha=0.3)
@@ -192,8 +214,8 @@ def _plot_histograms(figure_class: Any, sets: list[_EvalSet], path: Path) -> Non
         margins = s.chosen - s.rejected
         ax.hist(margins, bins=40 if np.ptp(margins) > 0 else 3, color="0.45")
         ax.axvline(0.0, color="crimson", ls="--", lw=1.2, label="0 (left of it: ranked wrongly)")
-        accuracy = s.metrics["accuracy"]
-        ax.set_title(f"{_plain(s.name)}: reward margin per pair (accuracy {accuracy:.3f})")
+        accuracy = format_number(s.metrics["accuracy"], "score")
+        ax.set_title(f"{_plain(s.name)}: reward margin per pair (accuracy {accuracy})")
         ax.set_xlabel("r_chosen − r_rejected")
         ax.set_ylabel("pairs")
         ax.yaxis.set_major_locator(MaxNLocator(integer=True))
@@ -215,7 +237,7 @@ def _plot_length(figure_class: Any, sets: list[_EvalSet], path: Path) -> None:
                 keep = rng.choice(keep, MAX_SCATTER_POINTS, replace=False)
             ax.scatter(lengths[keep], rewards[keep], s=10, alpha=0.5, color=color, label=label)
         rho = s.metrics.get("length_spearman")
-        rho_text = "undefined" if rho is None else f"{rho:.3f}"
+        rho_text = "undefined" if rho is None else format_number(rho, "score")
         ax.set_title(f"{_plain(s.name)}: reward vs length (Spearman ρ = {rho_text})")
         ax.set_xlabel("response length")
         ax.set_ylabel("reward")
@@ -245,7 +267,7 @@ def _plot_calibration(figure_class: Any, sets: list[_EvalSet], path: Path) -> No
             s=sizes,
             color=line.get_color(),
             zorder=3,
-            label=f"{_plain(s.name)} (ECE {s.metrics['ece']:.3f})",
+            label=f"{_plain(s.name)} (ECE {format_number(s.metrics['ece'], 'score')})",
         )
         all_bins = s.metrics["calibration_bins"]
         edges = [b["lower"] for b in all_bins] + [all_bins[-1]["upper"]]
@@ -281,27 +303,69 @@ def _plain(text: str) -> str:
     return text.replace("$", r"\$")
 
 
-def _fmt(value: Any) -> str:
+def format_number(value: Any, kind: str = "auto") -> str:
+    """Write a number the way every table of the report does.
+
+    Args:
+        value: a Python or numpy number; None is written "—" and anything else with str().
+        kind: "score" for rewards, margins, losses, accuracies, ECE and learning rates; "count" for
+            counts; "seconds", "rate" (throughput) and "length" (mean lengths, in tokens or
+            characters); "auto" writes integers as counts and other numbers as scores.
+
+    Returns:
+        Counts with thousands separators, scores with 4 fixed decimals, seconds, rates and lengths
+        with 1; a non-integer with |x| >= 1e6 or 0 < |x| < 1e-4 in `.3e`, whatever its kind (fixed
+        decimals would print 1e-5 as 0.0000 and grow a 1e9 into a row of digits).
+
+    Example:
+        >>> [format_number(x) for x in (-0.002509, 0.03343, 12345, 1e-5, 0.0)]
+        ['-0.0025', '0.0334', '12,345', '1.000e-05', '0.0000']
+        >>> format_number(3725.44, "seconds"), format_number(2.0e6, "rate")
+        ('3725.4', '2.000e+06')
+    """
+    if kind not in _DECIMALS:
+        raise ValueError(f"format_number: unknown kind {kind!r}; one of {sorted(_DECIMALS)}.")
     if value is None:
         return "—"
-    if isinstance(value, bool) or not isinstance(value, int | float):
+    if isinstance(value, bool | np.bool_) or not isinstance(value, numbers.Real):
         return str(value)
-    if isinstance(value, int):
-        return str(value)
-    return f"{value:.4g}"
+    integral = isinstance(value, numbers.Integral) or (
+        kind == "count" and math.isfinite(value) and float(value).is_integer()
+    )
+    if integral and kind in ("auto", "count"):
+        return f"{int(value):,}"
+    x = float(value)
+    if not math.isfinite(x):
+        return str(x)
+    if x == 0.0:
+        x = 0.0  # -0.0 would print as "-0.0000"
+    elif abs(x) >= 1e6 or abs(x) < 1e-4:
+        return f"{x:.3e}"
+    return f"{x:.{_DECIMALS[kind]}f}"
+
+
+def _cell(value: Any) -> str:
+    return value if isinstance(value, str) else format_number(value)
 
 
 def _table(header: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
+    """A table of plain values: strings as they are, numbers through `format_number`; all escaped."""
     head = "".join(f"<th>{html.escape(str(h))}</th>" for h in header)
     body = "".join(
-        "<tr>" + "".join(f"<td>{html.escape(_fmt(c))}</td>" for c in row) + "</tr>" for row in rows
+        "<tr>" + "".join(f"<td>{html.escape(_cell(c))}</td>" for c in row) + "</tr>" for row in rows
     )
     return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
 
 
 def _summary_rows(sets: list[_EvalSet]) -> list[list[Any]]:
     def both(s: _EvalSet, key: str) -> str:
-        return f"{_fmt(s.metrics.get(key + '_mean'))} ± {_fmt(s.metrics.get(key + '_std'))}"
+        mean, std = s.metrics.get(key + "_mean"), s.metrics.get(key + "_std")
+        return f"{format_number(mean, 'score')} ± {format_number(std, 'score')}"
+
+    def lengths(s: _EvalSet) -> str:
+        chosen = format_number(s.metrics.get("chosen_length_mean"), "length")
+        rejected = format_number(s.metrics.get("rejected_length_mean"), "length")
+        return f"{chosen} / {rejected}"
 
     num_bins = len(sets[0].metrics.get("calibration_bins", [])) or "?"
     rows = [
@@ -320,35 +384,421 @@ def _summary_rows(sets: list[_EvalSet]) -> list[list[Any]]:
         rows.append(
             ["Spearman ρ(reward, length)", *(s.metrics.get("length_spearman") for s in sets)]
         )
-        rows.append(
-            [
-                "Mean length chosen / rejected",
-                *(
-                    f"{_fmt(s.metrics.get('chosen_length_mean'))} / "
-                    f"{_fmt(s.metrics.get('rejected_length_mean'))}"
-                    for s in sets
-                ),
-            ]
-        )
+        rows.append(["Mean length chosen / rejected", *(lengths(s) for s in sets)])
     return rows
 
 
-def _html(title: str, sets: list[_EvalSet], figures: list[tuple[str, str, str]]) -> str:
+# ------------------------------------------------------------------------------ before and after
+
+_BEFORE_AFTER = (
+    ("accuracy", "Accuracy (ties count ½)"),
+    ("loss", "Loss"),
+    ("mean_margin", "Mean margin r_c − r_r"),
+    ("ece", "ECE"),
+)
+
+
+def _metrics_before(value: Any, names: Sequence[str]) -> dict[str, Mapping[str, Any]]:
+    """{eval set name: preference_metrics result before training}; sets left out have none."""
+    if value is None:
+        return {}
+    if not isinstance(value, Mapping):
+        raise ConfigError(
+            "`metrics_before` must be a preference_metrics() result or a dict "
+            f"{{eval set name: result}}, got {type(value).__name__}."
+        )
+    if "accuracy" in value:
+        if len(names) != 1:
+            raise ConfigError(
+                f"`metrics` has {len(names)} eval sets ({list(names)}); pass `metrics_before` as "
+                "a dict keyed by the same names."
+            )
+        named = {names[0]: value}
+    else:
+        named = {str(k): v for k, v in value.items()}
+    unknown = sorted(set(named) - set(names))
+    if unknown:
+        raise ConfigError(
+            f"`metrics_before` has eval sets {unknown} that `metrics` lacks ({list(names)})."
+        )
+    for name, result in named.items():
+        if not isinstance(result, Mapping) or "accuracy" not in result:
+            raise ConfigError(
+                f"`metrics_before[{name!r}]` is not a preference_metrics() result (no 'accuracy')."
+            )
+    return named
+
+
+def _change(before: Any, after: Any) -> str | None:
+    if not isinstance(before, numbers.Real) or not isinstance(after, numbers.Real):
+        return None
+    difference = float(after) - float(before)
+    text = format_number(difference, "score")
+    return "+" + text if difference > 0 else text
+
+
+def _before_after_table(sets: list[_EvalSet], before: Mapping[str, Mapping[str, Any]]) -> str:
+    compared = [s for s in sets if s.name in before]
+    header = ["metric"]
+    for s in compared:
+        header += [f"{s.name} before", f"{s.name} after", f"{s.name} change"]
+    rows = []
+    for key, label in _BEFORE_AFTER:
+        row: list[Any] = [label]
+        for s in compared:
+            b, a = before[s.name].get(key), s.metrics.get(key)
+            row += [b, a, _change(b, a)]
+        rows.append(row)
+    return _table(header, rows)
+
+
+# ------------------------------------------------------------------------------- misranked pairs
+
+
+def _pair_texts(
+    pairs: Mapping[str, Sequence[tuple[str, str]]] | None, sets: list[_EvalSet]
+) -> dict[str, Sequence[tuple[str, str]]]:
+    """Check `pairs` against the eval sets: {name: texts aligned with that set's rewards}."""
+    if pairs is None:
+        return {}
+    names = [s.name for s in sets]
+    if not isinstance(pairs, Mapping):
+        raise ConfigError(
+            "`pairs` must be a dict {eval set name: [(chosen_text, rejected_text), ...]}, "
+            f"got {type(pairs).__name__}."
+        )
+    unknown = sorted(str(k) for k in pairs if str(k) not in names)
+    if unknown:
+        raise ConfigError(f"`pairs` has eval sets {unknown} that `metrics` lacks ({names}).")
+    texts = {str(k): v for k, v in pairs.items()}
+    checked = {}
+    for s in sets:
+        if s.name not in texts:
+            continue
+        entries = texts[s.name]
+        n = s.chosen.shape[0]
+        if len(entries) != n:
+            raise DataError(
+                f"pairs for eval set {s.name!r} has {len(entries)} entries but its metrics count "
+                f"{n} pairs; pass the (chosen, rejected) texts in the order of its rewards."
+            )
+        for i, pair in enumerate(entries):
+            if (
+                isinstance(pair, str)
+                or not isinstance(pair, Sequence)
+                or len(pair) != 2
+                or not all(isinstance(t, str) for t in pair)
+            ):
+                raise DataError(
+                    f"pairs for eval set {s.name!r}, entry {i}: expected a (chosen_text, "
+                    f"rejected_text) pair of strings, got {pair!r:.200}."
+                )
+        checked[s.name] = entries
+    return checked
+
+
+def misranked_indices(chosen: np.ndarray, rejected: np.ndarray, limit: int) -> np.ndarray:
+    """Indices of at most `limit` pairs with r_c − r_r < 0, most negative first (ties: by index).
+
+    Exact ties (r_c = r_r) are not misranked here: accuracy counts them half right.
+
+    Example:
+        >>> misranked_indices(np.array([0.0, 1.0, -2.0, 3.0]), np.array([1.0, 0.0, 0.0, 3.0]), 10)
+        array([2, 0])
+    """
+    margins = np.asarray(chosen, dtype=np.float64) - np.asarray(rejected, dtype=np.float64)
+    wrong = np.flatnonzero(margins < 0)
+    return wrong[np.argsort(margins[wrong], kind="stable")][:limit]
+
+
+def _shorten(text: str, keep: str) -> str:
+    """At most about TEXT_PREVIEW_CHARS characters of `text`: its start, or its end (keep="end")."""
+    if len(text) <= TEXT_PREVIEW_CHARS:
+        return text
+    if keep == "end":
+        return "…" + text[-TEXT_PREVIEW_CHARS:].lstrip()
+    return text[:TEXT_PREVIEW_CHARS].rstrip() + "…"
+
+
+def _split_shared_start(chosen: str, rejected: str) -> tuple[str, str, str]:
+    """(shared start, rest of chosen, rest of rejected), cut after whitespace so no word splits.
+
+    Both texts of a pair usually begin with the same prompt; showing it once leaves the preview
+    room for where the responses differ.
+    """
+    common = 0
+    limit = min(len(chosen), len(rejected))
+    while common < limit and chosen[common] == rejected[common]:
+        common += 1
+    if common < len(chosen) or common < len(rejected):
+        while common > 0 and not chosen[common - 1].isspace():
+            common -= 1
+    return chosen[:common], chosen[common:], rejected[common:]
+
+
+def _misranked_html(s: _EvalSet, texts: Sequence[tuple[str, str]], limit: int) -> str:
     esc = html.escape
+    margins = s.chosen - s.rejected
+    wrong = int(np.sum(margins < 0))
+    parts = [f"<h3>{esc(s.name)}</h3>"]
+    if wrong == 0:
+        ties = int(np.sum(margins == 0))
+        tie_text = f" ({format_number(ties)} exact ties, counted half right)" if ties else ""
+        parts.append(
+            f"<p>No misranked pairs: r_chosen − r_rejected ≥ 0 for all "
+            f"{format_number(len(margins))} pairs{tie_text}.</p>"
+        )
+        return "\n".join(parts)
+    shown = misranked_indices(s.chosen, s.rejected, limit)
+    parts.append(
+        f"<p>{format_number(wrong)} of {format_number(len(margins))} pairs have "
+        f"r_chosen − r_rejected &lt; 0; the {len(shown)} most negative. “pair” is the position in "
+        "this eval set; texts are cut to about "
+        f"{TEXT_PREVIEW_CHARS} characters (…), and the start both texts share is shown once.</p>"
+    )
+    header = ["pair", "margin", "r_chosen", "r_rejected", "shared start", "chosen", "rejected"]
+    rows = []
+    for i in shown:
+        shared, chosen_rest, rejected_rest = _split_shared_start(*texts[i])
+        numbers_html = "".join(
+            f"<td>{esc(format_number(v))}</td>"
+            for v in (int(i), float(margins[i]), float(s.chosen[i]), float(s.rejected[i]))
+        )
+        texts_html = "".join(
+            f'<td class="text">{esc(t)}</td>'
+            for t in (
+                _shorten(shared, keep="end") if shared else "—",
+                _shorten(chosen_rest, keep="start"),
+                _shorten(rejected_rest, keep="start"),
+            )
+        )
+        rows.append(f"<tr>{numbers_html}{texts_html}</tr>")
+    head = "".join(f"<th>{esc(h)}</th>" for h in header)
+    parts.append(
+        f'<table class="pairs"><thead><tr>{head}</tr></thead><tbody>{"".join(rows)}</tbody></table>'
+    )
+    return "\n".join(parts)
+
+
+# ------------------------------------------------------------------------------------------- run
+
+
+def _escaped(value: Any) -> str:
+    return html.escape(str(value))
+
+
+def _code(value: Any) -> str:
+    return f"<code>{html.escape(str(value))}</code>"
+
+
+def _paths(value: Any) -> str:
+    items = [value] if isinstance(value, str | os.PathLike) else list(value)
+    return "<br>".join(_code(p) for p in items)
+
+
+def _named_paths(value: Any) -> str:
+    if not isinstance(value, Mapping):
+        return _paths(value)
+    return "<br>".join(f"{html.escape(str(k))}: {_code(p)}" for k, p in value.items())
+
+
+def _number(kind: str) -> Callable[[Any], str]:
+    return lambda value: html.escape(format_number(value, kind))
+
+
+def _duration(value: Any) -> str:
+    text = format_number(value, "seconds") + " s"
+    if isinstance(value, numbers.Real) and math.isfinite(value) and value >= 60:
+        minutes, seconds = divmod(round(float(value)), 60)
+        hours, minutes = divmod(minutes, 60)
+        text += f" ({hours}:{minutes:02d}:{seconds:02d})"
+    return html.escape(text)
+
+
+def _normalization(value: Any) -> str:
+    if not isinstance(value, Mapping):
+        return _escaped(value)
+    mean, std = value.get("mean"), value.get("std")
+    stats = html.escape(f"mean {format_number(mean, 'score')}, std {format_number(std, 'score')}")
+    return f"{stats} (<code>rewardax score --normalize</code> writes (r − mean) / std)"
+
+
+# (key, label, renderer to escaped HTML), in the order the Run table shows them.
+_RUN_FIELDS: tuple[tuple[str, str, Callable[[Any], str]], ...] = (
+    ("name", "Run", _escaped),
+    ("started", "Started", _escaped),
+    ("run_dir", "Run directory", _code),
+    ("model", "Model", _code),
+    ("train_data", "Training data", _paths),
+    ("eval_data", "Eval data", _named_paths),
+    ("train_pairs", "Training pairs", _number("count")),
+    ("steps", "Steps", _number("count")),
+    ("epochs", "Epochs", _number("score")),
+    ("batch_size", "Batch size (pairs per step)", _number("count")),
+    ("learning_rate", "Learning rate (peak)", _number("score")),
+    ("lr_schedule", "Learning-rate schedule", _escaped),
+    ("warmup_steps", "Warmup steps", _number("count")),
+    ("max_sequence_length", "Max sequence length (tokens)", _number("count")),
+    ("layout", "Batch layout", _escaped),
+    ("dtype", "Compute dtype", _escaped),
+    ("matmul_dtype", "Matmul input dtype", _escaped),
+    ("seed", "Seed", _escaped),
+    ("wall_time_s", "Wall time", _duration),
+    ("train_time_s", "Training time", _duration),
+    ("pairs_per_s", "Throughput (pairs/s)", _number("rate")),
+    ("tokens_per_s", "Throughput (tokens/s)", _number("rate")),
+    ("export_dir", "Exported model", _code),
+    ("normalization", "Reward normalization", _normalization),
+)
+RUN_KEYS = tuple(key for key, _, _ in _RUN_FIELDS)
+
+
+def _check_run(run: Mapping[str, Any] | None) -> Mapping[str, Any] | None:
+    if run is None:
+        return None
+    if not isinstance(run, Mapping):
+        raise ConfigError(f"`run` must be a dict of run facts, got {type(run).__name__}.")
+    unknown = sorted(str(k) for k in run if k not in RUN_KEYS)
+    if unknown:
+        raise ConfigError(f"`run` has unknown keys {unknown}; the known ones are {list(RUN_KEYS)}.")
+    return run
+
+
+def _run_table(run: Mapping[str, Any]) -> str:
+    rows = "".join(
+        f"<tr><th>{html.escape(label)}</th><td>{render(run[key])}</td></tr>"
+        for key, label, render in _RUN_FIELDS
+        if run.get(key) is not None
+    )
+    return f'<table class="facts"><tbody>{rows}</tbody></table>'
+
+
+def _headline(
+    run: Mapping[str, Any] | None,
+    sets: list[_EvalSet],
+    before: Mapping[str, Mapping[str, Any]],
+) -> str:
+    """One sentence: which model, how long, and what accuracy it reached (from what)."""
+    facts = []
+    if run is not None and run.get("model") is not None:
+        facts.append(f"Model {Path(str(run['model'])).name}")
+    if run is not None and run.get("steps") is not None:
+        pairs = run.get("train_pairs")
+        on = f" on {format_number(pairs, 'count')} training pairs" if pairs is not None else ""
+        facts.append(f"trained {format_number(run['steps'], 'count')} steps{on}")
+    accuracies = []
+    for s in sets:
+        after = format_number(s.metrics.get("accuracy"), "score")
+        if s.name in before:
+            was = format_number(before[s.name].get("accuracy"), "score")
+            accuracies.append(f"{s.name} {was} → {after}")
+        else:
+            accuracies.append(f"{s.name} {after}")
+    sentence = ", ".join(facts)
+    sentence = (sentence + ". " if sentence else "") + "Accuracy: " + "; ".join(accuracies) + "."
+    return html.escape(sentence)
+
+
+def _usage_html(export_dir: Any, normalization: Any) -> str:
+    esc = html.escape
+    path = str(export_dir)
+    shell_path = shlex.quote(path)
+    normalize = ""
+    if isinstance(normalization, Mapping):
+        normalize = (
+            "\n# rewardax score --normalize writes (reward - mean) / std, with the stored "
+            f"mean {format_number(normalization.get('mean'), 'score')}, "
+            f"std {format_number(normalization.get('std'), 'score')}"
+        )
+    python = (
+        "import torch\n"
+        "from transformers import AutoModelForSequenceClassification, AutoTokenizer\n\n"
+        f"path = {json.dumps(path, ensure_ascii=False)}\n"
+        "tokenizer = AutoTokenizer.from_pretrained(path)\n"
+        "model = AutoModelForSequenceClassification.from_pretrained(path).eval()\n"
+        "# Training appended EOS to plain-text responses (data.append_eos), so append it here too.\n"
+        'text = "Q: Is it good? A: Yes, very." + tokenizer.eos_token\n'
+        "with torch.no_grad():\n"
+        '    reward = model(**tokenizer(text, return_tensors="pt")).logits[0, 0].item()'
+        f"{normalize}\n"
+    )
+    return "\n".join(
+        [
+            '<h2 id="usage">Using the model</h2>',
+            f"<p>The exported model is a Hugging Face directory: {_code(path)}</p>",
+            "<p>Score responses, one row each (<code>messages</code>, <code>prompt</code> + "
+            "<code>response</code>, or <code>text</code>; tokenized as in training); every row "
+            "comes back with a <code>reward</code>:</p>",
+            f"<pre><code>rewardax score --model {esc(shell_path)} --input rows.jsonl "
+            "--output scored.jsonl</code></pre>",
+            "<p>Measure it on other preference pairs (add <code>--report DIR</code> for a page "
+            "like this one):</p>",
+            f"<pre><code>rewardax eval --model {esc(shell_path)} --data pairs.jsonl</code></pre>",
+            "<p>With <code>transformers</code>: the reward is the single logit.</p>",
+            f"<pre><code>{esc(python)}</code></pre>",
+        ]
+    )
+
+
+# ------------------------------------------------------------------------------------------ page
+
+_STYLE = (
+    "body{font-family:system-ui,sans-serif;max-width:1150px;margin:2em auto;padding:0 1em;"
+    "color:#222}table{border-collapse:collapse;margin:.5em 0 1.5em}"
+    "th,td{border:1px solid #ccc;padding:.3em .7em;text-align:right;vertical-align:top}"
+    "th:first-child,td:first-child{text-align:left}thead{background:#f0f0f0}"
+    "table.facts th{background:#f0f0f0;font-weight:600}table.facts td{text-align:left}"
+    "td.text{text-align:left;white-space:pre-wrap;overflow-wrap:anywhere;font-size:.85em;"
+    "min-width:12em}code,pre{font-family:ui-monospace,monospace;font-size:.9em}"
+    "pre{background:#f6f6f6;border:1px solid #ddd;padding:.6em .8em;overflow-x:auto}"
+    "img{max-width:100%;border:1px solid #ddd}figure{margin:1.5em 0}"
+    "figcaption{color:#555;margin-top:.3em}nav{color:#555}nav a{margin-right:.8em}"
+)
+
+
+def _html(
+    title: str,
+    sets: list[_EvalSet],
+    figures: list[tuple[str, str, str]],
+    *,
+    run: Mapping[str, Any] | None = None,
+    before: Mapping[str, Mapping[str, Any]] | None = None,
+    texts: Mapping[str, Sequence[tuple[str, str]]] | None = None,
+    num_misranked: int = 10,
+) -> str:
+    esc = html.escape
+    before = before or {}
+    texts = texts or {}
+    export_dir = run.get("export_dir") if run is not None else None
+    sections = [("summary", "Summary"), ("plots", "Plots")]
+    if run is not None:
+        sections.insert(0, ("run", "Run"))
+    if before:
+        sections.insert(-2, ("before-after", "Before and after training"))
+    if texts:
+        sections.append(("misranked", "Misranked pairs"))
+    if export_dir is not None:
+        sections.append(("usage", "Using the model"))
     parts = [
         "<!DOCTYPE html>",
         '<html lang="en"><head><meta charset="utf-8">',
         f"<title>{esc(title)}</title>",
-        "<style>body{font-family:system-ui,sans-serif;max-width:1150px;margin:2em auto;"
-        "padding:0 1em;color:#222}table{border-collapse:collapse;margin:.5em 0 1.5em}"
-        "th,td{border:1px solid #ccc;padding:.3em .7em;text-align:right}"
-        "th:first-child,td:first-child{text-align:left}thead{background:#f0f0f0}"
-        "img{max-width:100%;border:1px solid #ddd}figure{margin:1.5em 0}"
-        "figcaption{color:#555;margin-top:.3em}</style></head><body>",
+        f"<style>{_STYLE}</style></head><body>",
         f"<h1>{esc(title)}</h1>",
+        f"<p><strong>{_headline(run, sets, before)}</strong></p>",
         f"<p>Generated {esc(datetime.now(UTC).strftime('%Y-%m-%d %H:%M UTC'))} by rewardax. "
         "A pair is correct when the chosen response gets the higher reward.</p>",
-        "<h2>Summary</h2>",
+        "<nav>" + "".join(f'<a href="#{a}">{esc(t)}</a>' for a, t in sections) + "</nav>",
+    ]
+    if run is not None:
+        parts += ['<h2 id="run">Run</h2>', _run_table(run)]
+    if before:
+        parts += [
+            '<h2 id="before-after">Before and after training</h2>',
+            _before_after_table(sets, before),
+        ]
+    parts += [
+        '<h2 id="summary">Summary</h2>',
         _table(["metric", *(s.name for s in sets)], _summary_rows(sets)),
     ]
     for s in sets:
@@ -359,7 +809,12 @@ def _html(title: str, sets: list[_EvalSet], figures: list[tuple[str, str, str]])
                 "longer response.</p>"
             )
             rows = [
-                [b["bucket"], b["count"], b["accuracy"], b["mean_length_difference"]]
+                [
+                    b["bucket"],
+                    b["count"],
+                    b["accuracy"],
+                    format_number(b["mean_length_difference"], "length"),
+                ]
                 for b in s.metrics["length_buckets"]
             ]
             parts.append(_table(["bucket", "pairs", "accuracy", "mean len_c − len_r"], rows))
@@ -367,15 +822,25 @@ def _html(title: str, sets: list[_EvalSet], figures: list[tuple[str, str, str]])
             parts.append(f"<h3>{esc(s.name)}: accuracy per subset</h3>")
             rows = [[k, v["num_pairs"], v["accuracy"]] for k, v in s.metrics["subsets"].items()]
             parts.append(_table(["subset", "pairs", "accuracy"], rows))
-    parts.append("<h2>Plots</h2>")
+    parts.append('<h2 id="plots">Plots</h2>')
     for filename, alt, caption in figures:
         parts.append(
             f'<figure><img src="{esc(filename)}" alt="{esc(alt)}">'
             f"<figcaption>{esc(caption)}</figcaption></figure>"
         )
+    if texts:
+        parts.append('<h2 id="misranked">Misranked pairs with the largest wrong margins</h2>')
+        parts += [_misranked_html(s, texts[s.name], num_misranked) for s in sets if s.name in texts]
+    if export_dir is not None:
+        parts.append(_usage_html(export_dir, run.get("normalization")))
     for s in sets:
         rows = [
-            [f"{b['lower']:.3f}–{b['upper']:.3f}", b["count"], b["confidence"], b["accuracy"]]
+            [
+                f"{format_number(b['lower'], 'score')}–{format_number(b['upper'], 'score')}",
+                b["count"],
+                b["confidence"],
+                b["accuracy"],
+            ]
             for b in s.metrics.get("calibration_bins", [])
         ]
         parts.append(f"<details><summary>{esc(s.name)}: calibration bins</summary>")
@@ -411,6 +876,10 @@ def write_report(
     training_metrics: Sequence[Mapping[str, Any]] | None = None,
     title: str = "rewardax evaluation",
     overwrite: bool = False,
+    run: Mapping[str, Any] | None = None,
+    metrics_before: Mapping[str, Any] | None = None,
+    pairs: Mapping[str, Sequence[tuple[str, str]]] | None = None,
+    num_misranked: int = 10,
 ) -> Path:
     """Write `report_dir/index.html` and its PNG plots; return the report directory.
 
@@ -426,6 +895,22 @@ def write_report(
         training_metrics: optional metrics.jsonl rows {"step", "split": "train" | "eval/<name>",
             "loss", "accuracy", ...}; enable the training curves.
         title: page title (escaped).
+        overwrite: replace a non-empty `report_dir`.
+        run: optional facts about the training run, shown as the "Run" table in this order (keys
+            left out or None are skipped; an unknown key is an error): name, started (ISO time),
+            run_dir, model (path), train_data (list of paths), eval_data ({name: path}),
+            train_pairs, steps, epochs, batch_size (pairs per step), learning_rate, lr_schedule,
+            warmup_steps, max_sequence_length, layout, dtype, matmul_dtype, seed, wall_time_s,
+            train_time_s, pairs_per_s, tokens_per_s, export_dir, normalization ({"mean", "std"}).
+            With export_dir, a "Using the model" section gives `rewardax score`, `rewardax eval`
+            and `transformers` commands for it.
+        metrics_before: optional metrics measured before training, same layout as `metrics`
+            (eval sets may be left out); adds a "Before and after training" table of accuracy,
+            loss, mean margin and ECE.
+        pairs: optional {eval set name: [(chosen_text, rejected_text), ...]}, aligned with that
+            set's `chosen`/`rejected`; adds, per set given, the `num_misranked` pairs with the most
+            negative r_chosen − r_rejected and their texts.
+        num_misranked: how many misranked pairs to list per eval set.
 
     Writes: index.html, reward_histograms.png, calibration.png, and when their inputs are given,
     training_curves.png and reward_vs_length.png.
@@ -433,6 +918,11 @@ def write_report(
     figure_class = _figure_class()
     sets = _eval_sets(metrics, chosen, rejected, chosen_lengths, rejected_lengths)
     series = _training_series(training_metrics) if training_metrics is not None else None
+    run = _check_run(run)
+    before = _metrics_before(metrics_before, [s.name for s in sets])
+    texts = _pair_texts(pairs, sets)
+    if isinstance(num_misranked, bool) or not isinstance(num_misranked, int) or num_misranked < 1:
+        raise ConfigError(f"num_misranked must be a positive integer, got {num_misranked!r}.")
     target = Path(report_dir).resolve()
     if target.exists():
         if not target.is_dir():
@@ -484,7 +974,16 @@ def write_report(
                 "points on the diagonal mean the stated confidence matches the accuracy.",
             )
         )
-        (build / "index.html").write_text(_html(title, sets, figures), encoding="utf-8")
+        page = _html(
+            title,
+            sets,
+            figures,
+            run=run,
+            before=before,
+            texts=texts,
+            num_misranked=num_misranked,
+        )
+        (build / "index.html").write_text(page, encoding="utf-8")
         _move_into_place(build, target)
     except BaseException:
         shutil.rmtree(build, ignore_errors=True)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 import signal
 import time
 import warnings
@@ -191,8 +192,9 @@ class RewardTrainer:
     # ----------------------------------------------------------------------------------- setup
 
     def run_name(self) -> str:
-        """The run directory's name: `checkpoint.run_name`, else a hash of the training settings,
-        so that rerunning the same command finds (and resumes) the same run."""
+        """The run directory's name: `checkpoint.run_name`, else the model's file or directory
+        name and a hash of the training settings (`SmolLM2-135M-Instruct.Q4_1-1a2b3c4d`), so that
+        rerunning the same command finds (and resumes) the same run."""
         if self.config.checkpoint.run_name:
             return self.config.checkpoint.run_name
         settings = self.config.to_dict()
@@ -201,7 +203,9 @@ class RewardTrainer:
         for length_only in ("max_training_steps", "num_train_epochs"):
             settings["train"].pop(length_only, None)
         digest = hashlib.sha256(json.dumps(settings, sort_keys=True).encode()).hexdigest()
-        return "run-" + digest[:10]
+        model = Path(self.config.model.path or smollm2_gguf_path()).name.removesuffix(".gguf")
+        model = re.sub(r"[^A-Za-z0-9._-]+", "-", model).strip(".-")[:48] or "model"
+        return f"{model}-{digest[:8]}"
 
     def _named_eval_sets(self, eval_dataset: Any) -> dict[str, Any]:
         if eval_dataset is None:
