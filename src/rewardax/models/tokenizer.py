@@ -6,6 +6,7 @@ from pathlib import Path
 from typing import Any
 
 from rewardax.errors import ModelLoadError
+from rewardax.models.gguf_tokenizer import load_gguf_tokenizer
 
 
 def load_tokenizer(path: str | Path) -> Any:
@@ -13,15 +14,14 @@ def load_tokenizer(path: str | Path) -> Any:
 
     Args:
       path: a Hugging Face directory (tokenizer.json / tokenizer_config.json) or a ``.gguf``
-        file (the tokenizer is rebuilt from the GGUF metadata by transformers).
+        file (the tokenizer is rebuilt from its GGUF metadata by
+        ``rewardax.models.gguf_tokenizer``, without torch; same ids as transformers' GGUF loader).
 
     Returns:
       The tokenizer. If it has no pad token, the EOS token is set as pad token: rewardax reads
       rewards at the last position whose attention mask is 1, never by searching for the pad id,
       so pad == EOS is harmless (SmolLM2 ships that way).
     """
-    from transformers import AutoTokenizer
-
     path = Path(path).expanduser()
     if not path.exists():
         raise ModelLoadError(
@@ -30,10 +30,10 @@ def load_tokenizer(path: str | Path) -> Any:
         )
     try:
         if path.is_file() and path.suffix == ".gguf":
-            tok = AutoTokenizer.from_pretrained(
-                str(path.parent), gguf_file=path.name, trust_remote_code=False
-            )
+            tok = load_gguf_tokenizer(path)
         elif path.is_dir():
+            from transformers import AutoTokenizer
+
             # False, not the default None: None asks on a terminal whether to run the directory's
             # Python code (`auto_map`); rewardax never runs code shipped with a model.
             tok = AutoTokenizer.from_pretrained(str(path), trust_remote_code=False)
