@@ -38,7 +38,7 @@ tail -n 1 "$work/eval.out" | .venv/bin/python -c '
 import json, sys
 m = json.load(sys.stdin)["metrics"]
 assert m["num_pairs"] == 16 and m["num_truncated"] > 0, m
-print(f"eval: {m[\"num_pairs\"]} pairs, {m[\"num_truncated\"]} truncated, accuracy {m[\"accuracy\"]:.4f}")'
+print("eval:", m["num_pairs"], "pairs,", m["num_truncated"], "truncated, accuracy", m["accuracy"])'
 
 echo "== rewardax score"
 .venv/bin/rewardax score --model "$run_dir/export" --input "$work/rows.jsonl" --output "$work/scored.jsonl" --normalize

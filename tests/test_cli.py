@@ -122,6 +122,9 @@ def test_train_writes_the_run_and_ends_with_one_json_line(work):
     before, after = summary["accuracy_before"]["heldout"], summary["accuracy_after"]["heldout"]
     assert f"heldout accuracy {before:.4f} -> {after:.4f}\n" in work["proc"].stderr
     assert "summary: {" not in work["proc"].stderr  # no raw dict on the console
+    # Evaluated at the start, every eval_steps=2, and once (not twice) at the last step.
+    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows if r["split"] == "eval/heldout"] == [0, 2, 4]
     page = (run / "report" / "index.html").read_text()
     # The run's facts, before/after and the misranked pairs reach the report.
     assert "Before and after training" in page and "Misranked pairs" in page

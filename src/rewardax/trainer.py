@@ -435,6 +435,7 @@ class RewardTrainer:
                 if cfg.eval.eval_steps and step % cfg.eval.eval_steps == 0 and self.eval_sets:
                     eval_start = time.perf_counter()
                     final_metrics["eval"] = self._evaluate_and_log(logger, step)
+                    final_metrics["eval_step"] = step
                     eval_seconds += time.perf_counter() - eval_start
                 if cfg.checkpoint.save_steps and step % cfg.checkpoint.save_steps == 0:
                     self._save(ckpt, step)
@@ -488,7 +489,11 @@ class RewardTrainer:
         """Final evaluation, reward statistics for normalisation, and the Hugging Face export."""
         normalization = None
         if self.eval_sets:
-            evaluation = self._evaluate_and_log(logger, step)
+            # The last step's evaluation when eval_steps already ran it, else a new one.
+            if final_metrics.pop("eval_step", None) == step:
+                evaluation = final_metrics["eval"]
+            else:
+                evaluation = self._evaluate_and_log(logger, step)
             rewards = np.concatenate(
                 [np.concatenate([r["chosen"], r["rejected"]]) for r in self._last_rewards.values()]
             )
