@@ -12,6 +12,7 @@ from flax import nnx, struct
 
 from rewardax.errors import ConfigError
 from rewardax.models.config import ModelConfig
+from rewardax.models.kernels import KERNEL_SETTINGS, Kernels, select_kernels
 from rewardax.models.transformer import Decoder, Projection
 from rewardax.models.transformer import attention_mask as build_attention_mask
 
@@ -77,6 +78,12 @@ class RewardModel(nnx.Module):
       dropout_rate: residual dropout after attention and MLP; active only with
         ``deterministic=False``.
       rngs: parameter (and dropout) randomness.
+      kernels: the formulation of projections and attention (`rewardax.models.kernels`):
+        "auto" (the backend's: "cpu" on CPU, "pallas" on TPU, "xla" elsewhere), "cpu" (XLA:CPU's
+        written backwards and blocked attention), "xla" (autodiff, one fused einsum attention)
+        or "pallas" (autodiff, splash attention; Pallas interpret mode off a TPU), or a
+        `Kernels` (e.g. other splash tiles). Resolved when the model is traced; the formulations
+        agree to rounding.
 
     Example::
 
@@ -97,9 +104,13 @@ class RewardModel(nnx.Module):
         dropout_rate: float = 0.0,
         rngs: nnx.Rngs,
         matmul_dtype: Any = None,
+        kernels: str | Kernels = "auto",
     ):
         if not 0.0 <= dropout_rate < 1.0:
             raise ConfigError(f"dropout_rate={dropout_rate} must be in [0, 1).")
+        if not isinstance(kernels, Kernels) and kernels not in KERNEL_SETTINGS:
+            raise ConfigError(f"kernels={kernels!r} is not one of {', '.join(KERNEL_SETTINGS)}.")
+        self.kernels = kernels
         self.config = config
         self.dtype = _check_dtype("dtype", dtype)
         self.param_dtype = _check_dtype("param_dtype", param_dtype)
@@ -171,9 +182,24 @@ class RewardModel(nnx.Module):
             positions = default_positions(attention_mask)
         if segment_ids is None:
             segment_ids = attention_mask
-        mask = build_attention_mask(segment_ids, positions, branch_ids, self.config.sliding_window)
+        chosen = self.kernels
+        kernels = chosen if isinstance(chosen, Kernels) else select_kernels(chosen)
+        kernels = kernels.for_layout(
+            branches=branch_ids is not None, sliding_window=self.config.sliding_window
+        )
+        if kernels.attention == "splash":  # causal within segments: the ids are the mask
+            mask = segment_ids
+        else:
+            mask = build_attention_mask(
+                segment_ids, positions, branch_ids, self.config.sliding_window
+            )
         hidden = self.model(
-            input_ids, positions, mask, deterministic=deterministic, dropout_rng=dropout_rng
+            input_ids,
+            positions,
+            mask,
+            kernels=kernels,
+            deterministic=deterministic,
+            dropout_rng=dropout_rng,
         )
 
         if reward_positions is None:

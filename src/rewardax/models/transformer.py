@@ -27,8 +27,12 @@ from flax import nnx
 
 from rewardax.errors import ConfigError
 from rewardax.models.config import ModelConfig
+from rewardax.models.kernels import Kernels, select_kernels, xla_attention
 
 REMAT_POLICIES = ("none", "full", "save_dots")
+
+# Today's XLA:CPU formulation, the default of the layers when called without a choice.
+_CPU_KERNELS = select_kernels("cpu")
 
 
 def _param(
@@ -91,17 +95,23 @@ class Projection(nnx.Module):
             _param(None, out_shape, names[self.n_in :], param_dtype, 0.0) if use_bias else None
         )
 
-    def __call__(self, x: jax.Array) -> jax.Array:
-        """x: [..., *in_shape] -> [..., *out_shape] in x's dtype."""
-        return project(x, (self,))[0]
+    def __call__(self, x: jax.Array, written_backward: bool = True) -> jax.Array:
+        """x: [..., *in_shape] -> [..., *out_shape] in x's dtype; see `project`."""
+        return project(x, (self,), written_backward)[0]
 
 
-def project(x: jax.Array, projections: Sequence[Projection]) -> tuple[jax.Array, ...]:
+def project(
+    x: jax.Array, projections: Sequence[Projection], written_backward: bool = True
+) -> tuple[jax.Array, ...]:
     """``p(x)`` for each projection p of the same input x (q/k/v, or gate/up), same contracted
     shape and matmul dtype. With bf16 matmuls, x is cast and kept for the backward pass once for
     all of them, and its transpose for the weight gradients is made once: three separate calls
     stored three bf16 copies of the q/k/v input per layer (seen in the compiled HLO of a SmolLM2
-    step, where the scan stacks each copy into a [layers, rows, hidden] buffer)."""
+    step, where the scan stacks each copy into a [layers, rows, hidden] buffer).
+
+    ``written_backward=False`` (`Kernels.written_projection_backward`, off the CPU) runs the
+    mixed-precision matmuls as plain casts and dots differentiated by autodiff: the written
+    backward and its physical transpose are XLA:CPU tricks, slower on a TPU (issue 28)."""
     first = projections[0]
     n_in, matmul_dtype = first.n_in, first.matmul_dtype
     kernels = [p.kernel[...] for p in projections]
@@ -113,8 +123,14 @@ def project(x: jax.Array, projections: Sequence[Projection]) -> tuple[jax.Array,
     kernels2 = tuple(k.reshape(x2.shape[1], -1) for k in kernels)
     if matmul_dtype is None or matmul_dtype == x.dtype:
         ys = tuple(jnp.dot(x2, k.astype(x.dtype)) for k in kernels2)
-    else:
+    elif written_backward:
         ys = mixed_matmuls(x2, kernels2, matmul_dtype)
+    else:
+        xc = x2.astype(matmul_dtype)
+        ys = tuple(
+            jnp.dot(xc, k.astype(matmul_dtype), preferred_element_type=jnp.float32).astype(x.dtype)
+            for k in kernels2
+        )
     out = []
     for p, k, y in zip(projections, kernels, ys, strict=True):
         y = y.reshape(*lead, *k.shape[n_in:])
@@ -344,6 +360,46 @@ def _contract_queries(a: jax.Array, b: jax.Array) -> jax.Array:
 attend.defvjp(_attend_forward, _attend_backward)
 
 
+def blocked_attention(
+    q: jax.Array,
+    k: jax.Array,
+    v: jax.Array,
+    mask: jax.Array,
+    scale: float,
+    matmul_dtype: Any,
+    out_dtype: Any,
+) -> jax.Array:
+    """XLA:CPU's attention: `attend` on query blocks of at most `ATTENTION_QUERY_BLOCK`.
+
+    q [N, T, H, D], k/v [N, T, K, D], mask bool [N, T, T] -> [N, T, H, D] in ``out_dtype``;
+    the products' inputs are cast to ``matmul_dtype``.
+    """
+    n, t, h, d = q.shape
+    kv = k.shape[2]
+    # Heads-major for the attention products: q [N, K, G, T, D], k/v [N, K, T, D].
+    q = q.reshape(n, t, kv, h // kv, d).transpose(0, 2, 3, 1, 4)
+    k, v = k.transpose(0, 2, 1, 3), v.transpose(0, 2, 1, 3)
+    # Query blocks attend only to the keys at or before their last query (the mask is causal
+    # in every layout), so long rows skip most of the upper triangle of the score matrix and
+    # never hold the whole [T, T] scores at once. Exact: the skipped keys are masked anyway.
+    n_blocks = -(-t // ATTENTION_QUERY_BLOCK)
+    bounds = [t * i // n_blocks for i in range(n_blocks + 1)]
+    # Under bf16 matmuls each block's inputs are cast after slicing: the blocks' gradients
+    # for the shared keys and values are then added in float32.
+    blocks = [
+        attend(
+            q[:, :, :, a:b].astype(matmul_dtype),
+            k[:, :, :b].astype(matmul_dtype),
+            v[:, :, :b].astype(matmul_dtype),
+            mask[:, a:b, :b],
+            scale,
+        )
+        for a, b in itertools.pairwise(bounds)
+    ]
+    out = blocks[0] if n_blocks == 1 else jnp.concatenate(blocks, axis=3)
+    return out.astype(out_dtype).transpose(0, 3, 1, 2, 4).reshape(n, t, h, -1)
+
+
 class Attention(nnx.Module):
     """Grouped-query self-attention with RoPE, optional q/k/v bias (Qwen2), q/k norm (Qwen3)."""
 
@@ -384,39 +440,44 @@ class Attention(nnx.Module):
             self.k_norm = None
         self.num_heads, self.num_kv_heads, self.head_dim = h, k, d
 
-    def __call__(self, x: jax.Array, cos: jax.Array, sin: jax.Array, mask: jax.Array) -> jax.Array:
-        """x [N, T, E]; cos/sin [N, T, D]; mask bool [N, T, T] -> [N, T, E] in x's dtype."""
+    def __call__(
+        self, x: jax.Array, cos: jax.Array, sin: jax.Array, mask: jax.Array, kernels: Kernels
+    ) -> jax.Array:
+        """x [N, T, E]; cos/sin [N, T, D] -> [N, T, E] in x's dtype.
+
+        ``mask``: bool [N, T, T] (`attention_mask`), or for ``kernels.attention == "splash"``
+        the int segment ids [N, T] (causal within segments, 0 = padding).
+        """
         n, t, _ = x.shape
-        q, k, v = project(x, (self.q_proj, self.k_proj, self.v_proj))  # [N,T,H|K,D]
+        written = kernels.written_projection_backward
+        q, k, v = project(x, (self.q_proj, self.k_proj, self.v_proj), written)  # [N,T,H|K,D]
         if self.q_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         groups = self.num_heads // self.num_kv_heads
-        # Heads-major for the attention products: q [N, K, G, T, D], k/v [N, K, T, D].
-        q = q.reshape(n, t, self.num_kv_heads, groups, self.head_dim).transpose(0, 2, 3, 1, 4)
-        k, v = k.transpose(0, 2, 1, 3), v.transpose(0, 2, 1, 3)
         scale = 1.0 / math.sqrt(self.head_dim)
-        # Query blocks attend only to the keys at or before their last query (the mask is causal
-        # in every layout), so long rows skip most of the upper triangle of the score matrix and
-        # never hold the whole [T, T] scores at once. Exact: the skipped keys are masked anyway.
-        n_blocks = -(-t // ATTENTION_QUERY_BLOCK)
-        bounds = [t * i // n_blocks for i in range(n_blocks + 1)]
-        # Under bf16 matmuls each block's inputs are cast after slicing: the blocks' gradients
-        # for the shared keys and values are then added in float32.
         md = q.dtype if self.q_proj.matmul_dtype is None else self.q_proj.matmul_dtype
-        blocks = [
-            attend(
-                q[:, :, :, a:b].astype(md),
-                k[:, :, :b].astype(md),
-                v[:, :, :b].astype(md),
-                mask[:, a:b, :b],
+        if kernels.attention == "splash":
+            from rewardax.models.pallas_attention import splash_attention  # imports Pallas
+
+            out = splash_attention(
+                q.astype(md),
+                k.astype(md),
+                v.astype(md),
+                mask,
                 scale,
+                block_q=kernels.block_q,
+                block_kv=kernels.block_kv,
+                fused_backward=kernels.fused_backward,
+                interpret=kernels.interpret,
             )
-            for a, b in itertools.pairwise(bounds)
-        ]
-        out = blocks[0] if n_blocks == 1 else jnp.concatenate(blocks, axis=3)
-        out = out.astype(x.dtype).transpose(0, 3, 1, 2, 4).reshape(n, t, self.num_heads, -1)
-        return self.o_proj(out)
+            return self.o_proj(out.astype(x.dtype), written)
+        if kernels.attention == "xla":
+            q5 = q.reshape(n, t, self.num_kv_heads, groups, self.head_dim).astype(md)
+            out = xla_attention(q5, k.astype(md), v.astype(md), mask, scale)
+            return self.o_proj(out.astype(x.dtype).reshape(n, t, self.num_heads, -1), written)
+        out = blocked_attention(q, k, v, mask, scale, md, x.dtype)
+        return self.o_proj(out, written)
 
 
 class MLP(nnx.Module):
@@ -437,10 +498,10 @@ class MLP(nnx.Module):
         self.up_proj = Projection((e,), (m,), ("embed", "mlp"), **kw)
         self.down_proj = Projection((m,), (e,), ("mlp", "embed"), **kw)
 
-    def __call__(self, x: jax.Array) -> jax.Array:
-        """x [N, T, E] -> [N, T, E]."""
-        gate, up = project(x, (self.gate_proj, self.up_proj))
-        return self.down_proj(swiglu(gate, up))
+    def __call__(self, x: jax.Array, written_backward: bool = True) -> jax.Array:
+        """x [N, T, E] -> [N, T, E]; ``written_backward``: see `project`."""
+        gate, up = project(x, (self.gate_proj, self.up_proj), written_backward)
+        return self.down_proj(swiglu(gate, up), written_backward)
 
 
 @jax.custom_vjp
@@ -505,14 +566,17 @@ class DecoderLayer(nnx.Module):
         mask: jax.Array,
         deterministic: bool,
         dropout_rng: jax.Array | None = None,
+        kernels: Kernels | None = None,
     ) -> jax.Array:
-        """x [N, T, E] -> [N, T, E]. ``dropout_rng``: the key dropout draws from."""
+        """x [N, T, E] -> [N, T, E]. ``dropout_rng``: the key dropout draws from; ``mask`` as
+        in `Attention`; ``kernels``: the formulation (None = `select_kernels("cpu")`'s)."""
+        kernels = kernels or _CPU_KERNELS
         keys = jax.random.split(dropout_rng) if dropout_rng is not None else (None, None)
-        a = self.self_attn(self.input_layernorm(x), cos, sin, mask)
+        a = self.self_attn(self.input_layernorm(x), cos, sin, mask, kernels)
         if self.dropout is not None:
             a = self.dropout(a, deterministic=deterministic, rngs=keys[0])
         h = x + a
-        f = self.mlp(self.post_attention_layernorm(h))
+        f = self.mlp(self.post_attention_layernorm(h), kernels.written_projection_backward)
         if self.dropout is not None:
             f = self.dropout(f, deterministic=deterministic, rngs=keys[1])
         return h + f
@@ -587,10 +651,14 @@ class Decoder(nnx.Module):
         positions: jax.Array,
         mask: jax.Array,
         *,
+        kernels: Kernels | None = None,
         deterministic: bool = True,
         dropout_rng: jax.Array | None = None,
     ) -> jax.Array:
-        """input_ids int [N, T]; positions int [N, T]; mask bool [N, T, T] -> hidden [N, T, E].
+        """input_ids int [N, T]; positions int [N, T]; mask bool [N, T, T] (`attention_mask`),
+        or the int segment ids [N, T] when ``kernels.attention == "splash"`` -> hidden [N, T, E].
+        ``kernels``: the formulation of projections and attention (`rewardax.models.kernels`;
+        None = the CPU one).
 
         The layers run as one ``lax.scan`` over their stacked parameters: XLA compiles one layer
         instead of ``num_hidden_layers`` copies, so compile time does not grow with depth. Models
@@ -602,6 +670,7 @@ class Decoder(nnx.Module):
         """
         if not deterministic and self.dropout_rate > 0 and dropout_rng is None:
             raise ConfigError("dropout is active (deterministic=False): pass dropout_rng=<key>")
+        kernels = kernels or _CPU_KERNELS
         x = self.embed_tokens(input_ids).astype(self.dtype)
         inv_freq, rope_scale = rope_inverse_frequencies(self.config)
         cos, sin = rope_cos_sin(positions, inv_freq, rope_scale)
@@ -610,7 +679,7 @@ class Decoder(nnx.Module):
         def run_layer(h: jax.Array, per_layer) -> tuple[jax.Array, None]:
             layer_state, key = per_layer
             layer = nnx.merge(graphdef, layer_state)
-            return layer(h, cos, sin, mask, deterministic, key), None
+            return layer(h, cos, sin, mask, deterministic, key, kernels), None
 
         if self.remat_policy != "none":
             run_layer = jax.checkpoint(run_layer, policy=remat_policy_fn(self.remat_policy))

@@ -1,0 +1,487 @@
+"""TPU throughput of RewardTrainer's jitted step, today's kernels against the backend's (issue 28).
+
+    python benchmarks/tpu_bench.py [--budget-s 420] [--steps 8] [--out DIR] [--tiny]
+
+Random-init models of real shapes (SmolLM2-135M, Qwen2.5-0.5B, Qwen2.5-1.5B), bf16 compute, float32
+parameters and Adam moments (bf16 both for 1.5B), padded rows of exactly T tokens, remat `full`,
+run through RewardTrainer's own jitted train step. Each configuration runs with
+`kernels="cpu"` (today's formulation: written projection backward, blocked XLA attention) and
+`kernels="pallas"` (autodiff projections, splash attention). A batch is first compiled
+(`.lower().compile()`); one whose compiled program needs more than `--hbm-gib` is skipped, the
+next (smaller) batch of its list tried.
+
+Before the models, attention alone (Qwen2.5-0.5B heads: 14 query, 2 key/value heads of 64,
+bf16, forward + backward, 16 x 2048 tokens): blocked XLA attention, one-einsum XLA attention and
+splash at several tiles; the fastest splash tiles are then used for the models. 64 x 512 last.
+
+MFU = (6 x non-embedding params + 12 x layers x hidden x T) x tokens/s / 197e12 (remat recompute not
+counted); attention % of peak = 3.5 x 2 x N x H x T^2 x D (causal half of QK^T and PV forward, 2.5x
+that backward) / time / 197e12. HBM = the compiled program's argument + output - aliased + temp
+bytes (`memory_analysis()`; the runtime's `memory_stats()` leaves XLA's temporaries out on TPU).
+
+Writes one JSON line per result to OUT/tpu_bench.jsonl as it goes (OUT: `--out`, else $OUT, else
+./tpu_bench_out) and rewrites OUT/tpu_bench.md (a table) after each. Every configuration runs in
+its own try/except: an error is a result line, not the end of the run. Configurations that would
+start after `--budget-s` seconds are skipped. `--tiny` runs tiny shapes for a few steps on any
+backend (a check of the script itself; splash in interpret mode off a TPU).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import gc
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+import traceback
+from pathlib import Path
+from typing import Any
+
+START = time.monotonic()
+
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+import numpy as np  # noqa: E402
+from flax import nnx  # noqa: E402
+
+import rewardax as rx  # noqa: E402
+from rewardax.models.kernels import Kernels, select_kernels, xla_attention  # noqa: E402
+from rewardax.models.pallas_attention import splash_attention  # noqa: E402
+from rewardax.models.transformer import attention_mask, blocked_attention  # noqa: E402
+from rewardax.sharding import global_batch  # noqa: E402
+
+PEAK_FLOPS = 197e12  # TPU v5e, bf16 dense
+GIB = 2**30
+
+SHAPES = {  # Hugging Face config.json values
+    "smollm2-135m": dict(
+        architecture="llama",
+        hidden_size=576,
+        intermediate_size=1536,
+        num_hidden_layers=30,
+        num_attention_heads=9,
+        num_key_value_heads=3,
+        vocab_size=49152,
+        rope_theta=1e5,
+        tie_word_embeddings=True,
+    ),
+    "qwen2.5-0.5b": dict(
+        architecture="qwen2",
+        hidden_size=896,
+        intermediate_size=4864,
+        num_hidden_layers=24,
+        num_attention_heads=14,
+        num_key_value_heads=2,
+        vocab_size=151936,
+        rope_theta=1e6,
+        tie_word_embeddings=True,
+    ),
+    "qwen2.5-1.5b": dict(
+        architecture="qwen2",
+        hidden_size=1536,
+        intermediate_size=8960,
+        num_hidden_layers=28,
+        num_attention_heads=12,
+        num_key_value_heads=2,
+        vocab_size=151936,
+        rope_theta=1e6,
+        tie_word_embeddings=True,
+    ),
+}
+TINY = dict(
+    hidden_size=128,
+    intermediate_size=256,
+    num_hidden_layers=2,
+    num_attention_heads=2,
+    num_key_value_heads=1,
+    vocab_size=512,
+)
+
+
+@dataclasses.dataclass
+class Job:
+    shape: str
+    length: int
+    kernels: str  # "cpu" (today's) or "pallas" (the TPU's)
+    batches: tuple[int, ...]  # pairs per step, largest first
+    param_dtype: str = "float32"
+    remat: str = "full"
+
+
+# In priority order (the budget cuts the tail): issue 28's targets, old vs new, then the rest.
+JOBS = [
+    Job("qwen2.5-0.5b", 2048, "pallas", (16, 8)),
+    Job("qwen2.5-0.5b", 2048, "cpu", (8,)),
+    Job("qwen2.5-0.5b", 512, "pallas", (64, 32)),
+    Job("qwen2.5-0.5b", 512, "cpu", (32,)),
+    Job("smollm2-135m", 2048, "pallas", (32, 16)),
+    Job("smollm2-135m", 2048, "cpu", (16,)),
+    Job("qwen2.5-1.5b", 2048, "pallas", (4, 2), param_dtype="bfloat16"),
+    Job("smollm2-135m", 512, "pallas", (64, 32)),
+    Job("qwen2.5-1.5b", 2048, "cpu", (2,), param_dtype="bfloat16"),
+]
+TINY_JOBS = [
+    Job("qwen2.5-0.5b", 256, "pallas", (4, 2)),
+    Job("qwen2.5-0.5b", 256, "cpu", (2,)),
+    Job("smollm2-135m", 128, "pallas", (2,), param_dtype="bfloat16"),
+]
+
+# Splash tiles tried in the attention benchmark: (block_q, block_kv, fused backward).
+SPLASH_TILES = [(512, 512, False), (1024, 1024, False), (512, 512, True)]
+
+
+class Recorder:
+    """Appends result lines to OUT/tpu_bench.jsonl and rewrites OUT/tpu_bench.md."""
+
+    def __init__(self, out: Path):
+        out.mkdir(parents=True, exist_ok=True)
+        self.jsonl, self.md = out / "tpu_bench.jsonl", out / "tpu_bench.md"
+        self.rows: list[dict] = []
+
+    def add(self, row: dict) -> None:
+        row = {"elapsed_s": round(time.monotonic() - START, 1), **row}
+        self.rows.append(row)
+        with self.jsonl.open("a") as f:
+            f.write(json.dumps(row) + "\n")
+        print(json.dumps(row), flush=True)
+        self.md.write_text(self.table())
+
+    def table(self) -> str:
+        lines = [
+            "MFU = (6 x non-embedding params + 12 x layers x hidden x T) x tokens/s / 197e12; "
+            "attention % of peak = 3.5 x 2 x N x H x T^2 x D / s / 197e12.",
+            "",
+            "| model | T | kernels | attention | pairs | compile s | step s | pairs/s | "
+            "tokens/s | MFU | HBM GiB | status |",
+            "|---|---|---|---|---|---|---|---|---|---|---|---|",
+        ]
+        for r in self.rows:
+            if r.get("kind") != "train_step":
+                continue
+            lines.append(
+                f"| {r.get('shape')} | {r.get('T')} | {r.get('kernels')} | {r.get('attention', '')} | "
+                f"{r.get('pairs', '')} | {_f(r.get('compile_s'))} | {_f(r.get('step_s'), 3)} | "
+                f"{_f(r.get('pairs_per_s'))} | {_f(r.get('tokens_per_s'), 0)} | "
+                f"{_pct(r.get('mfu'))} | {_f(r.get('hbm_gib'))} | {r.get('status')} |"
+            )
+        lines += [
+            "",
+            "| attention | N x T | fwd ms | fwd+bwd ms | % of peak (fwd+bwd) | HBM GiB | status |",
+            "|---|---|---|---|---|---|---|",
+        ]
+        for r in self.rows:
+            if r.get("kind") != "attention":
+                continue
+            lines.append(
+                f"| {r.get('impl')} | {r.get('rows')} x {r.get('T')} | {_f(r.get('fwd_ms'), 2)} | "
+                f"{_f(r.get('fwd_bwd_ms'), 2)} | {_pct(r.get('fwd_bwd_peak'))} | "
+                f"{_f(r.get('hbm_gib'))} | {r.get('status')} |"
+            )
+        return "\n".join(lines) + "\n"
+
+
+def _f(x: Any, digits: int = 1) -> str:
+    return "" if x is None else f"{x:.{digits}f}"
+
+
+def _pct(x: Any) -> str:
+    return "" if x is None else f"{100 * x:.1f}%"
+
+
+def hbm_gib(compiled: Any) -> float | None:
+    m = compiled.memory_analysis()
+    if m is None:
+        return None
+    total = (
+        m.argument_size_in_bytes
+        + m.output_size_in_bytes
+        - m.alias_size_in_bytes
+        + m.temp_size_in_bytes
+    )
+    return total / GIB
+
+
+def error_text(exc: BaseException) -> str:
+    return f"{type(exc).__name__}: {str(exc).splitlines()[0][:300] if str(exc) else ''}"
+
+
+# ------------------------------------------------------------------------ attention alone
+
+
+def attention_bench(rows: int, t: int, args, rec: Recorder) -> tuple[int, int, bool] | None:
+    """Times each attention at `rows` x `t` (Qwen2.5-0.5B heads); returns the fastest splash
+    tiles (fwd+bwd), or None when none ran."""
+    h, kv, d = (4, 2, 64) if args.tiny else (14, 2, 64)
+    r = np.random.default_rng(0)
+    q = jnp.asarray(r.normal(size=(rows, t, h, d)), jnp.bfloat16)
+    k = jnp.asarray(r.normal(size=(rows, t, kv, d)), jnp.bfloat16)
+    v = jnp.asarray(r.normal(size=(rows, t, kv, d)), jnp.bfloat16)
+    seg = jnp.ones((rows, t), jnp.int32)
+    scale = 1.0 / np.sqrt(d)
+    interpret = jax.default_backend() != "tpu"
+    positions = jnp.broadcast_to(jnp.arange(t), (rows, t))
+
+    mask = attention_mask(seg, positions)  # built once, as the model does per step
+    # name -> (fn(q, k, v, aux), aux): aux is the mask or the segment ids, an argument of the
+    # compiled program (not a constant folded into it).
+    impls: dict[str, Any] = {
+        "blocked_xla (cpu)": (
+            lambda q, k, v, m: blocked_attention(q, k, v, m, scale, jnp.bfloat16, jnp.bfloat16),
+            mask,
+        ),
+        "einsum_xla": (
+            lambda q, k, v, m: (
+                xla_attention(q.reshape(rows, t, kv, h // kv, d), k, v, m, scale)
+                .astype(jnp.bfloat16)
+                .reshape(rows, t, h, d)
+            ),
+            mask,
+        ),
+    }
+    tiles = [(128, 128, False)] if args.tiny else SPLASH_TILES
+    for bq, bkv, fused in tiles:
+        impls[f"splash {bq}x{bkv}{' fused' if fused else ''}"] = (
+            lambda q, k, v, s, bq=bq, bkv=bkv, fused=fused: splash_attention(
+                q,
+                k,
+                v,
+                s,
+                scale,
+                block_q=bq,
+                block_kv=bkv,
+                fused_backward=fused,
+                interpret=interpret,
+            ),
+            seg,
+        )
+    flops = 3.5 * 2 * rows * h * t * t * d
+    best: tuple[float, tuple[int, int, bool]] | None = None
+    for name, (fn, aux) in impls.items():
+        if time.monotonic() - START > args.budget_s - 20:
+            rec.add({"kind": "attention", "impl": name, "rows": rows, "T": t, "status": "budget"})
+            continue
+        row: dict[str, Any] = {"kind": "attention", "impl": name, "rows": rows, "T": t}
+        try:
+            cot = jnp.ones((rows, t, h, d), jnp.bfloat16)
+
+            def fwd_bwd(q, k, v, aux, fn=fn, cot=cot):
+                out, vjp = jax.vjp(lambda q, k, v: fn(q, k, v, aux), q, k, v)
+                return vjp(cot.astype(out.dtype))
+
+            fwd = jax.jit(fn).lower(q, k, v, aux).compile()
+            both = jax.jit(fwd_bwd).lower(q, k, v, aux).compile()
+            row["hbm_gib"] = hbm_gib(both)
+            row["fwd_ms"] = 1e3 * median_seconds(fwd, (q, k, v, aux), args.attn_iters)
+            row["fwd_bwd_ms"] = 1e3 * median_seconds(both, (q, k, v, aux), args.attn_iters)
+            row["fwd_bwd_peak"] = flops / (row["fwd_bwd_ms"] / 1e3) / PEAK_FLOPS
+            row["status"] = "ok"
+            if name.startswith("splash") and (best is None or row["fwd_bwd_ms"] < best[0]):
+                best = (row["fwd_bwd_ms"], _tiles_of(name))
+        except Exception as exc:  # one configuration's failure is a result, not the run's end
+            row["status"] = error_text(exc)
+            traceback.print_exc()
+        rec.add(row)
+        gc.collect()
+    return None if best is None else best[1]
+
+
+def _tiles_of(name: str) -> tuple[int, int, bool]:
+    bq, bkv = name.split()[1].split("x")
+    return int(bq), int(bkv), name.endswith("fused")
+
+
+def median_seconds(fn, fn_args: tuple, iters: int) -> float:
+    jax.block_until_ready(fn(*fn_args))  # warm-up
+    times = []
+    for _ in range(iters):
+        t0 = time.perf_counter()
+        jax.block_until_ready(fn(*fn_args))
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+# ------------------------------------------------------------------------ train step
+
+
+def model_config(shape: str, tiny: bool) -> rx.ModelConfig:
+    fields = dict(SHAPES[shape], pad_token_id=0, eos_token_id=0, max_position_embeddings=32768)
+    if tiny:
+        fields.update(TINY)
+    return rx.ModelConfig(**fields)
+
+
+def non_embedding_params(model: rx.RewardModel) -> int:
+    params = nnx.state(model, nnx.Param)
+    total = sum(x.size for x in jax.tree.leaves(params))
+    return total - model.model.embed_tokens.embedding[...].size
+
+
+def train_job(job: Job, kernels: Kernels, args, rec: Recorder, workdir: str) -> None:
+    config = model_config(job.shape, args.tiny)
+    base = {
+        "kind": "train_step",
+        "shape": job.shape + (" (tiny)" if args.tiny else ""),
+        "T": job.length,
+        "kernels": job.kernels,
+        "param_dtype": job.param_dtype,
+        "remat": job.remat,
+        "device": jax.devices()[0].device_kind,
+    }
+    chosen = kernels if job.kernels == "pallas" else select_kernels("cpu")
+    base["attention"] = chosen.attention + (
+        f" {chosen.block_q}x{chosen.block_kv}{' fused' if chosen.fused_backward else ''}"
+        if chosen.attention == "splash"
+        else ""
+    )
+    for pairs in job.batches:
+        if time.monotonic() - START > args.budget_s - args.reserve_s:
+            rec.add({**base, "pairs": pairs, "status": "skipped: budget"})
+            return
+        row = {**base, "pairs": pairs}
+        trainer = arrays = compiled = None
+        try:
+            model = rx.RewardModel(
+                config,
+                dtype="bfloat16",
+                param_dtype=job.param_dtype,
+                remat_policy=job.remat,
+                kernels=chosen,
+                rngs=nnx.Rngs(0),
+            )
+            per_token = 6.0 * non_embedding_params(model) + 12.0 * (
+                config.num_hidden_layers * config.hidden_size * job.length
+            )
+            trainer = rx.RewardTrainer(
+                rx.RewardConfig(
+                    per_device_train_batch_size=pairs,
+                    max_sequence_length=job.length,
+                    max_training_steps=1000,
+                    save_directory=workdir,
+                    resume="off",
+                    progress_bar=False,
+                    run_name="tpu_bench",
+                    mesh={"dp": 1, "fsdp": -1, "tp": 1},
+                ),
+                None,  # no tokenizer: batches are made here, nothing is saved
+                model=model,
+            )
+            del model
+            batches = [
+                global_batch(
+                    random_batch(pairs * jax.device_count(), job.length, config, i), trainer.mesh
+                )
+                for i in range(2)
+            ]
+            arrays = trainer.state.arrays()
+            step = trainer.configure_functions().train_step
+            t0 = time.perf_counter()
+            compiled = step.lower(arrays, batches[0]).compile()
+            row["compile_s"] = time.perf_counter() - t0
+            row["hbm_gib"] = hbm_gib(compiled)
+            if row["hbm_gib"] is not None and row["hbm_gib"] > args.hbm_gib:
+                row["status"] = f"skipped: needs {row['hbm_gib']:.1f} GiB > {args.hbm_gib}"
+                rec.add(row)
+                continue
+            arrays, metrics = compiled(arrays, batches[1])  # warm-up
+            jax.block_until_ready(metrics)
+            times = []
+            for i in range(args.steps):
+                t0 = time.perf_counter()
+                arrays, metrics = compiled(arrays, batches[i % 2])
+                jax.block_until_ready(metrics)
+                times.append(time.perf_counter() - t0)
+                if time.monotonic() - START > args.budget_s - 10:
+                    break  # the budget ends: keep the steps measured so far
+            step_s = statistics.median(times)
+            tokens = pairs * jax.device_count() * 2 * job.length
+            row.update(
+                steps=len(times),
+                step_s=step_s,
+                pairs_per_s=pairs * jax.device_count() / step_s,
+                tokens_per_s=tokens / step_s,
+                mfu=per_token * tokens / step_s / (PEAK_FLOPS * jax.device_count()),
+                loss=float(metrics["loss"]),
+                status="ok",
+            )
+            rec.add(row)
+            return  # the largest batch that fits is measured
+        except Exception as exc:  # one configuration's failure is a result, not the run's end
+            row["status"] = error_text(exc)
+            traceback.print_exc()
+            rec.add(row)
+        finally:
+            del trainer, arrays, compiled
+            gc.collect()
+
+
+def random_batch(pairs: int, t: int, config: rx.ModelConfig, seed: int) -> dict[str, np.ndarray]:
+    """A padded batch of full rows: chosen and rejected of exactly `t` tokens each."""
+    rng = np.random.default_rng(seed)
+    return {
+        "input_ids": rng.integers(3, config.vocab_size, size=(pairs, 2, t), dtype=np.int32),
+        "attention_mask": np.ones((pairs, 2, t), np.int32),
+        "reward_index": np.full((pairs, 2), t - 1, np.int32),
+        "margin": np.zeros((pairs,), np.float32),
+        "pair_mask": np.ones((pairs,), np.float32),
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--budget-s", type=float, default=420.0, help="no job starts after this")
+    parser.add_argument(
+        "--reserve-s", type=float, default=45.0, help="a train job needs this much budget left"
+    )
+    parser.add_argument("--steps", type=int, default=8, help="timed steps per configuration")
+    parser.add_argument("--attn-iters", type=int, default=10)
+    parser.add_argument("--hbm-gib", type=float, default=15.75, help="the chip's memory")
+    parser.add_argument("--jobs", default="", help="comma-separated job indices (default all)")
+    parser.add_argument("--out", default=os.environ.get("OUT") or "tpu_bench_out")
+    parser.add_argument("--tiny", action="store_true", help="tiny shapes: checks the script")
+    args = parser.parse_args()
+    if args.tiny:
+        args.steps, args.attn_iters = min(args.steps, 2), 1
+    rec = Recorder(Path(args.out))
+    rec.add(
+        {
+            "kind": "start",
+            "devices": [str(d) for d in jax.devices()],
+            "backend": jax.default_backend(),
+            "jax": jax.__version__,
+            "argv": sys.argv[1:],
+        }
+    )
+    # Attention alone first (cheap compiles); its fastest splash tiles serve the models.
+    kernels = select_kernels("pallas")
+    try:
+        best = attention_bench(2 if args.tiny else 16, 256 if args.tiny else 2048, args, rec)
+        if best is not None and not args.tiny:
+            bq, bkv, fused = best
+            kernels = dataclasses.replace(kernels, block_q=bq, block_kv=bkv, fused_backward=fused)
+    except Exception as exc:
+        rec.add({"kind": "attention", "status": error_text(exc)})
+    jobs = TINY_JOBS if args.tiny else JOBS
+    if args.jobs:
+        jobs = [jobs[int(i)] for i in args.jobs.split(",")]
+    with tempfile.TemporaryDirectory() as workdir:
+        for job in jobs:
+            try:
+                train_job(job, kernels, args, rec, workdir)
+            except Exception as exc:
+                fields = {"shape": job.shape, "T": job.length, "kernels": job.kernels}
+                rec.add({"kind": "train_step", **fields, "status": error_text(exc)})
+    try:
+        if time.monotonic() - START < args.budget_s - 30:
+            attention_bench(2 if args.tiny else 64, 128 if args.tiny else 512, args, rec)
+    except Exception as exc:
+        rec.add({"kind": "attention", "status": error_text(exc)})
+    print(rec.table(), flush=True)
+    print(f"total {time.monotonic() - START:.0f} s", flush=True)
+
+
+if __name__ == "__main__":
+    main()

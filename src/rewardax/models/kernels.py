@@ -1,0 +1,121 @@
+"""Which formulation of the projections and of attention the model runs, chosen once per backend.
+
+A kernel tuned for one compiler is a guess on another. rewardax was tuned on XLA:CPU, where a
+hand-written projection backward (`transformer.mixed_matmuls`, with a physical transpose of x so
+that the weight gradient reaches YNNPACK) and a query-blocked attention with a written backward
+(`transformer.attend`, with optimisation barriers) are what make a step fast
+(benchmarks/README.md). On a TPU v5e those tricks cost time: the plain autodiff of the same four
+bf16 projections took 1.79 ms where `mixed_matmuls` took 2.28 ms, and the blocked attention ran at
+~12% of peak (issue 28). So:
+
+| setting  | projections               | attention                                          |
+|----------|---------------------------|----------------------------------------------------|
+| `cpu`    | `mixed_matmuls` (written) | `transformer.attend`, query blocks, written backward |
+| `xla`    | ``x @ w``, autodiff       | `xla_attention`: one einsum softmax, autodiff       |
+| `pallas` | ``x @ w``, autodiff       | `pallas_attention.splash_attention` (TPU kernel)    |
+
+`auto` (the default) is `cpu` on the CPU backend, `pallas` on a TPU and `xla` elsewhere (GPUs).
+The splash kernel covers causal attention within segments (padding, packed rows, GQA); layouts it
+cannot express (the shared-prompt branch mask, Mistral's sliding window) run `xla_attention`
+(`Kernels.for_layout`). Off a TPU, `pallas` runs the kernel in Pallas' interpret mode: slow, for
+tests only.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Literal
+
+import jax
+import jax.numpy as jnp
+
+from rewardax.errors import ConfigError
+
+KERNEL_SETTINGS = ("auto", "cpu", "xla", "pallas")
+AttentionImpl = Literal["cpu_blocked", "xla", "splash"]
+
+# Splash attention tiles (queries x keys) on a TPU. JAX's default of 128 is slow on a v5e: JAX's
+# flash attention ran fwd+bwd in 73.9 ms with 128-blocks and 20.0-20.7 ms with 512 or 1024 blocks
+# for Qwen2.5-0.5B heads at 16 x 2048 (../shared/TPU.md); benchmarks/tpu_bench.py measures splash.
+SPLASH_BLOCK = 512
+
+
+@dataclasses.dataclass(frozen=True)
+class Kernels:
+    """A resolved choice (hashable: it is a static argument of the traced model).
+
+    Attributes:
+      name: the setting it came from after `auto` was resolved: `cpu`, `xla` or `pallas`.
+      written_projection_backward: `transformer.mixed_matmuls` (True) or autodiff of ``x @ w``.
+      attention: `cpu_blocked`, `xla` or `splash`.
+      block_q, block_kv: splash tiles; rows are padded to a multiple of the query tile.
+      fused_backward: splash's fused dq/dk/dv backward kernel instead of two kernels.
+      interpret: run the splash kernel in Pallas' interpret mode (any backend; tests).
+    """
+
+    name: str
+    written_projection_backward: bool
+    attention: AttentionImpl
+    block_q: int = SPLASH_BLOCK
+    block_kv: int = SPLASH_BLOCK
+    fused_backward: bool = False
+    interpret: bool = False
+
+    def for_layout(self, *, branches: bool, sliding_window: int | None) -> Kernels:
+        """The choice for one batch layout: splash expresses causal attention within segments
+        only, so the shared-prompt branch mask and a sliding window run `xla_attention`."""
+        if self.attention == "splash" and (branches or sliding_window is not None):
+            return dataclasses.replace(self, attention="xla")
+        return self
+
+
+def select_kernels(setting: str = "auto", backend: str | None = None) -> Kernels:
+    """The kernels for ``setting`` (one of `KERNEL_SETTINGS`) on ``backend`` (default:
+    ``jax.default_backend()``: "cpu", "tpu", "gpu"/"cuda"/"rocm").
+
+    Example::
+
+        select_kernels("auto", "tpu")  # Kernels(name='pallas', ..., attention='splash')
+        select_kernels("auto", "cpu")  # Kernels(name='cpu', ..., attention='cpu_blocked')
+    """
+    if setting not in KERNEL_SETTINGS:
+        raise ConfigError(f"kernels={setting!r} is not one of {', '.join(KERNEL_SETTINGS)}.")
+    if setting in ("auto", "pallas"):
+        # Only here: asking for the backend starts it, which `import rewardax` must not do
+        # (rewardax.hostmem applies only before the first JAX computation).
+        backend = backend or jax.default_backend()
+    if setting == "auto":
+        setting = {"cpu": "cpu", "tpu": "pallas"}.get(backend, "xla")
+    if setting == "cpu":
+        return Kernels("cpu", written_projection_backward=True, attention="cpu_blocked")
+    if setting == "xla":
+        return Kernels("xla", written_projection_backward=False, attention="xla")
+    return Kernels(
+        "pallas", written_projection_backward=False, attention="splash", interpret=backend != "tpu"
+    )
+
+
+def xla_attention(
+    q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array, scale: float
+) -> jax.Array:
+    """Softmax attention as one einsum softmax that XLA fuses, differentiated by autodiff.
+
+    Args:
+      q: [N, T, K, G, D] queries (G query heads per key/value head), in the matmul dtype.
+      k, v: [N, S, K, D].
+      mask: bool [N, T, S], True where the query may see the key.
+      scale: the logits' factor, 1/sqrt(D).
+
+    Returns:
+      float32 [N, T, K, G, D]. Scores and softmax in float32, probabilities rounded to v's dtype
+      for the product (as `transformer.attend` does); a query that sees no key (padding) gets
+      zeros, as in `transformer.attend`.
+    """
+    scores = jnp.einsum("ntkgd,nskd->nkgts", q, k, preferred_element_type=jnp.float32) * scale
+    visible = mask[:, None, None]
+    # A finite fill: a fully masked row then gives a uniform softmax (zeroed below), not NaN.
+    scores = jnp.where(visible, scores, jnp.finfo(jnp.float32).min)
+    probs = jax.nn.softmax(scores, axis=-1).astype(v.dtype)
+    out = jnp.einsum("nkgts,nskd->ntkgd", probs, v, preferred_element_type=jnp.float32)
+    sees_any = jnp.any(mask, axis=-1)  # [N, T]
+    return jnp.where(sees_any[:, :, None, None, None], out, 0.0)

@@ -1,0 +1,107 @@
+"""Causal attention within segments through JAX's Pallas splash attention kernel (TPU).
+
+`jax.experimental.pallas.ops.tpu.splash_attention` runs flash attention tile by tile and skips
+the tiles its mask rules out: for causal rows of T tokens, about half of the [T, T] score matrix.
+It takes grouped-query attention as it is (query head h reads key/value head h // G, the head
+order of `transformer.Attention`), so k and v are not repeated to every query head. Padding and
+packed rows are its segment ids: a query sees the keys of its own segment (rewardax's segment 0,
+padding, included: those queries' outputs are zeroed afterwards, as `transformer.attend` gives a
+padding query zeros).
+
+Example (Qwen2.5-0.5B heads, 14 query and 2 key/value heads of 64)::
+
+    q = jnp.zeros((8, 2048, 14, 64), jnp.bfloat16); k = v = jnp.zeros((8, 2048, 2, 64), jnp.bfloat16)
+    out = splash_attention(q, k, v, segment_ids, scale=0.125)  # [8, 2048, 14, 64] bfloat16
+"""
+
+from __future__ import annotations
+
+import math
+
+import jax
+import jax.numpy as jnp
+from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_kernel as splash
+from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_mask as splash_mask
+
+from rewardax.models.kernels import SPLASH_BLOCK
+
+# The kernel's lane width: tiles must be multiples of it.
+_LANES = 128
+
+
+def _round_up(x: int, multiple: int) -> int:
+    return -(-x // multiple) * multiple
+
+
+def splash_block_sizes(
+    length: int, block_q: int, block_kv: int, fused_backward: bool
+) -> splash.BlockSizes:
+    """Tiles for rows of ``length`` tokens: the requested ones, shrunk to the (lane-rounded)
+    length for short rows; the backward kernels use the same tiles."""
+    if block_q % _LANES or block_kv % _LANES:
+        raise ValueError(f"splash tiles must be multiples of {_LANES}, got {block_q}, {block_kv}")
+    bq = min(block_q, _round_up(length, _LANES))
+    bkv = min(block_kv, _round_up(length, _LANES))
+    backward = {"block_q_dkv": bq, "block_kv_dkv": bkv, "block_kv_dkv_compute": bkv}
+    if not fused_backward:
+        backward |= {"block_q_dq": bq, "block_kv_dq": bkv}
+    return splash.BlockSizes(
+        block_q=bq,
+        block_kv=bkv,
+        block_kv_compute=bkv,
+        use_fused_bwd_kernel=fused_backward,
+        **backward,
+    )
+
+
+def splash_attention(
+    q: jax.Array,
+    k: jax.Array,
+    v: jax.Array,
+    segment_ids: jax.Array,
+    scale: float,
+    *,
+    block_q: int = SPLASH_BLOCK,
+    block_kv: int = SPLASH_BLOCK,
+    fused_backward: bool = False,
+    interpret: bool = False,
+) -> jax.Array:
+    """Causal softmax attention within segments.
+
+    Args:
+      q: [N, T, H, D] queries; k, v: [N, T, K, D] with H a multiple of K (grouped queries).
+        The products run in q's dtype with float32 accumulation and softmax.
+      segment_ids: int [N, T]; a query sees the keys at or before it with its segment id;
+        0 marks padding (its queries get zeros).
+      scale: the logits' factor (1/sqrt(D)), applied to q before the kernel.
+      block_q, block_kv: the kernel's tiles (multiples of 128); rows are padded to a multiple
+        of both.
+      fused_backward: one backward kernel for dq, dk and dv instead of two.
+      interpret: run in Pallas' interpret mode (CPU tests).
+
+    Returns:
+      [N, T, H, D] in q's dtype.
+    """
+    _, t, h, _ = q.shape
+    sizes = splash_block_sizes(t, block_q, block_kv, fused_backward)
+    t_pad = _round_up(t, math.lcm(sizes.block_q, sizes.block_kv))
+    # Scaled in float32 then rounded once; exact for head widths of 4**i (1/8 for 64).
+    q = (q.astype(jnp.float32) * scale).astype(q.dtype)
+    segment_ids = segment_ids.astype(jnp.int32)
+    if t_pad != t:
+        # The tail is padding (segment 0): no real query sees it, its outputs are cut off.
+        widths = ((0, 0), (0, t_pad - t), (0, 0), (0, 0))
+        q, k, v = (jnp.pad(a, widths) for a in (q, k, v))
+        segment_ids = jnp.pad(segment_ids, ((0, 0), (0, t_pad - t)))
+    mask = splash_mask.MultiHeadMask([splash_mask.CausalMask((t_pad, t_pad))] * h)
+    kernel = splash.make_splash_mha(
+        mask, block_sizes=sizes, head_shards=1, q_seq_shards=1, interpret=interpret
+    )
+
+    def one_row(q_row, k_row, v_row, seg_row):  # [H, T, D], [K, T, D], [K, T, D], [T]
+        return kernel(q_row, k_row, v_row, splash.SegmentIds(q=seg_row, kv=seg_row))
+
+    heads_major = lambda a: a.transpose(0, 2, 1, 3)  # noqa: E731  [N, T, *, D] -> [N, *, T, D]
+    out = jax.vmap(one_row)(heads_major(q), heads_major(k), heads_major(v), segment_ids)
+    out = heads_major(out)[:, :t]
+    return jnp.where((segment_ids[:, :t] != 0)[:, :, None, None], out, jnp.zeros_like(out))

@@ -1,0 +1,264 @@
+"""The backend's kernels (`rewardax.models.kernels`) against the CPU formulation.
+
+Splash attention (`models.pallas_attention`) runs here in Pallas' interpret mode, so CI checks the
+very kernel a TPU compiles, on every layout it takes: causal, grouped-query heads, right and left
+padding, packed rows (segment ids), rows whose length is not a multiple of the tile, head width 64.
+Reference: `transformer.attend` (today's CPU attention) on `transformer.attention_mask`.
+Tolerances: float32 inputs 1e-5 (forward and gradients, absolute, on values of order 1); bfloat16
+inputs 2e-2 relative to the largest magnitude (both sides round the probabilities to bf16, in a
+different order). Tests that need a TPU are skipped elsewhere with the reason.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+from rewardax.errors import ConfigError
+from rewardax.models import ModelConfig, RewardModel
+from rewardax.models.kernels import select_kernels, xla_attention
+from rewardax.models.pallas_attention import splash_attention
+from rewardax.models.transformer import attend, attention_mask
+
+ON_TPU = jax.default_backend() == "tpu"
+needs_tpu = pytest.mark.skipif(not ON_TPU, reason="compiles the splash kernel for a TPU chip")
+
+
+@pytest.fixture(autouse=True)
+def _float32_matmuls():
+    """float32 products in float32 on every backend (a TPU's default is bf16 passes)."""
+    with jax.default_matmul_precision("highest"):
+        yield
+
+
+N, H, K, D = 2, 4, 2, 64  # grouped queries: 2 query heads per key/value head; Qwen's width 64
+
+
+def _segments(layout: str, t: int) -> np.ndarray:
+    """int [N, T] segment ids: 0 = padding."""
+    if layout == "full":
+        return np.ones((N, t), np.int32)
+    if layout == "right_padded":
+        return np.array([[1] * (t - 37) + [0] * 37, [1] * (t // 3) + [0] * (t - t // 3)])
+    if layout == "left_padded":
+        return np.array([[0] * 37 + [1] * (t - 37), [0] * (t - 5) + [1] * 5])
+    # Packed: several segments per row, then padding.
+    a, b = t // 3, t // 2
+    return np.array([[1] * a + [2] * b + [0] * (t - a - b), [1] * 10 + [2] * (t - 10)])
+
+
+def _inputs(t: int, dtype, seed: int = 0):
+    r = np.random.default_rng(seed)
+    q = jnp.asarray(r.normal(size=(N, t, H, D)), dtype)
+    k = jnp.asarray(r.normal(size=(N, t, K, D)), dtype)
+    v = jnp.asarray(r.normal(size=(N, t, K, D)), dtype)
+    cotangent = jnp.asarray(r.normal(size=(N, t, H, D)), jnp.float32)
+    return q, k, v, cotangent
+
+
+def _reference(q, k, v, segment_ids, scale):
+    """`transformer.attend` on [N, T, H, D] inputs -> float32 [N, T, H, D]."""
+    n, t, h, d = q.shape
+    kv = k.shape[2]
+    positions = jnp.maximum(jnp.cumsum(segment_ids != 0, axis=-1) - 1, 0)
+    mask = attention_mask(jnp.asarray(segment_ids), positions)
+    qh = q.reshape(n, t, kv, h // kv, d).transpose(0, 2, 3, 1, 4)
+    out = attend(qh, k.transpose(0, 2, 1, 3), v.transpose(0, 2, 1, 3), mask, scale)
+    return out.transpose(0, 3, 1, 2, 4).reshape(n, t, h, d)
+
+
+def _value_and_grads(fn, q, k, v, cotangent):
+    def loss(q, k, v):
+        return jnp.sum(fn(q, k, v).astype(jnp.float32) * cotangent)
+
+    out = fn(q, k, v).astype(jnp.float32)
+    grads = jax.grad(loss, argnums=(0, 1, 2))(q, k, v)
+    return [out, *(g.astype(jnp.float32) for g in grads)]
+
+
+# float32 on CPU: 1e-5. On a TPU v5e the kernel's float32 dq differed from the reference by up to
+# 1.1e-4 (absolute and relative; 2026-12-05, benchmarks/tpu_run.sh): the chip's float32 passes.
+F32_TOLERANCE = 2e-4 if jax.default_backend() == "tpu" else 1e-5
+
+
+def _assert_close(got, want, dtype):
+    for name, a, b in zip(("out", "dq", "dk", "dv"), got, want, strict=True):
+        a, b = np.asarray(a), np.asarray(b)
+        if dtype == jnp.float32:
+            np.testing.assert_allclose(a, b, atol=F32_TOLERANCE, rtol=F32_TOLERANCE, err_msg=name)
+        else:
+            bound = 2e-2 * max(1.0, float(np.abs(b).max()))
+            assert np.abs(a - b).max() <= bound, (name, np.abs(a - b).max(), bound)
+
+
+@pytest.mark.parametrize("layout", ["full", "right_padded", "left_padded", "packed"])
+@pytest.mark.parametrize("t", [256, 200])  # 200: padded to the 128-token tile inside
+def test_splash_attention_matches_cpu_attention_float32(layout, t):
+    q, k, v, cot = _inputs(t, jnp.float32)
+    seg = jnp.asarray(_segments(layout, t))
+    scale = 1.0 / np.sqrt(D)
+    got = _value_and_grads(
+        lambda q, k, v: splash_attention(
+            q, k, v, seg, scale, block_q=128, block_kv=128, interpret=True
+        ),
+        q,
+        k,
+        v,
+        cot,
+    )
+    want = _value_and_grads(lambda q, k, v: _reference(q, k, v, seg, scale), q, k, v, cot)
+    _assert_close(got, want, jnp.float32)
+    # Padding queries get zeros, as in the CPU attention.
+    assert np.all(np.asarray(got[0])[np.asarray(seg) == 0] == 0)
+
+
+@pytest.mark.parametrize("fused_backward", [False, True])
+def test_splash_attention_bfloat16_and_fused_backward(fused_backward):
+    t = 256
+    q, k, v, cot = _inputs(t, jnp.bfloat16, seed=1)
+    seg = jnp.asarray(_segments("packed", t))
+    scale = 1.0 / np.sqrt(D)
+    got = _value_and_grads(
+        lambda q, k, v: splash_attention(
+            q,
+            k,
+            v,
+            seg,
+            scale,
+            block_q=128,
+            block_kv=128,
+            fused_backward=fused_backward,
+            interpret=True,
+        ),
+        q,
+        k,
+        v,
+        cot,
+    )
+    want = _value_and_grads(lambda q, k, v: _reference(q, k, v, seg, scale), q, k, v, cot)
+    _assert_close(got, want, jnp.bfloat16)
+
+
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
+@pytest.mark.parametrize("layout", ["left_padded", "packed"])
+def test_xla_attention_matches_cpu_attention(dtype, layout):
+    t = 96
+    q, k, v, cot = _inputs(t, dtype, seed=2)
+    seg = jnp.asarray(_segments(layout, t))
+    positions = jnp.maximum(jnp.cumsum(seg != 0, axis=-1) - 1, 0)
+    mask = attention_mask(seg, positions)
+    scale = 1.0 / np.sqrt(D)
+
+    def xla(q, k, v):
+        out = xla_attention(q.reshape(N, t, K, H // K, D), k, v, mask, scale)
+        return out.reshape(N, t, H, D)
+
+    got = _value_and_grads(xla, q, k, v, cot)
+    want = _value_and_grads(lambda q, k, v: _reference(q, k, v, seg, scale), q, k, v, cot)
+    _assert_close(got, want, dtype)
+
+
+def test_select_kernels_by_backend_and_override():
+    cpu, tpu, gpu = (select_kernels("auto", b) for b in ("cpu", "tpu", "cuda"))
+    assert (cpu.attention, cpu.written_projection_backward) == ("cpu_blocked", True)
+    assert (tpu.attention, tpu.written_projection_backward, tpu.interpret) == (
+        "splash",
+        False,
+        False,
+    )
+    assert (gpu.attention, gpu.written_projection_backward) == ("xla", False)
+    assert select_kernels("xla", "cpu").attention == "xla"
+    assert select_kernels("pallas", "cpu").interpret  # off a TPU: interpret mode
+    # Layouts the splash kernel cannot express run the XLA attention.
+    assert tpu.for_layout(branches=True, sliding_window=None).attention == "xla"
+    assert tpu.for_layout(branches=False, sliding_window=64).attention == "xla"
+    assert tpu.for_layout(branches=False, sliding_window=None).attention == "splash"
+    with pytest.raises(ConfigError, match="kernels="):
+        select_kernels("flash")
+    with pytest.raises(ConfigError, match="kernels="):
+        RewardModel(_tiny_config(), kernels="flash", rngs=nnx.Rngs(0))
+
+
+def _tiny_config() -> ModelConfig:
+    return ModelConfig(
+        architecture="qwen2",
+        vocab_size=128,
+        hidden_size=128,
+        intermediate_size=96,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+    )
+
+
+@pytest.mark.parametrize("layout", ["padded", "packed", "branches"])
+@pytest.mark.parametrize("matmul_dtype", [None, "bfloat16"])
+def test_reward_model_kernels_agree(layout, matmul_dtype):
+    """The whole model under `pallas` (interpret mode) and `xla` against `cpu`: rewards and
+    every parameter's gradient. bf16 matmuls: the projections' backward differs only in rounding
+    (the written one and autodiff round the same products), so the same 2e-2 bound."""
+    t = 130  # not a multiple of the tile
+    ids = jax.random.randint(jax.random.key(1), (2, t), 3, 128)
+    seg = jnp.asarray(_segments("packed", t))
+    kwargs: dict = {"attention_mask": (seg != 0).astype(jnp.int32)}
+    if layout in ("packed", "branches"):
+        kwargs = {"segment_ids": seg, "reward_positions": jnp.array([[40, 100], [5, 120]])}
+    if layout == "branches":
+        branch = np.zeros((2, t), np.int32)
+        branch[:, 60:80], branch[:, 80:110] = 1, 2
+        kwargs["branch_ids"] = jnp.asarray(branch)
+
+    def run(kernels: str):
+        model = RewardModel(
+            _tiny_config(), matmul_dtype=matmul_dtype, kernels=kernels, rngs=nnx.Rngs(0)
+        )
+        graphdef, params, rest = nnx.split(model, nnx.Param, ...)
+
+        def loss(p):
+            logits = nnx.merge(graphdef, p, rest)(ids, **kwargs).logits
+            return jnp.sum(logits * jnp.arange(1, logits.size + 1).reshape(logits.shape)), logits
+
+        (_, logits), grads = jax.jit(jax.value_and_grad(loss, has_aux=True))(params)
+        return [logits, *jax.tree.leaves(grads)]
+
+    want = run("cpu")
+    for kernels in ("pallas", "xla"):
+        got = run(kernels)
+        for a, b in zip(got, want, strict=True):
+            a, b = np.asarray(a), np.asarray(b)
+            if matmul_dtype is None:
+                np.testing.assert_allclose(a, b, atol=2e-5, rtol=1e-4, err_msg=kernels)
+            else:
+                bound = 2e-2 * max(1.0, float(np.abs(b).max()))
+                assert np.abs(a - b).max() <= bound, (kernels, np.abs(a - b).max(), bound)
+
+
+@needs_tpu
+@pytest.mark.parametrize("fused_backward", [False, True])
+def test_splash_attention_compiled_on_tpu(fused_backward):
+    """The compiled kernel (not interpret mode) at a v5e tile of 512, bf16 inputs."""
+    t = 1024
+    q, k, v, cot = _inputs(t, jnp.bfloat16, seed=3)
+    seg = jnp.asarray(_segments("packed", t))
+    scale = 1.0 / np.sqrt(D)
+    with jax.default_matmul_precision("default"):  # bf16 inputs: the kernel's own precision
+        got = _value_and_grads(
+            jax.jit(
+                lambda q, k, v: splash_attention(
+                    q, k, v, seg, scale, block_q=512, block_kv=512, fused_backward=fused_backward
+                )
+            ),
+            q,
+            k,
+            v,
+            cot,
+        )
+    want = _value_and_grads(
+        lambda q, k, v: _reference(q, k, v, seg, scale),
+        *(a.astype(jnp.float32) for a in (q, k, v)),
+        cot,
+    )
+    _assert_close(got, want, jnp.bfloat16)
