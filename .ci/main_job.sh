@@ -51,7 +51,7 @@ test -f "$work/exported/config.json"
 echo "== the wheel in an empty venv"
 make wheel
 python3 -m venv "$work/wheel-venv"
-"$work/wheel-venv/bin/python" -m pip install -q --disable-pip-version-check --require-hashes --no-deps -r requirements/demo.lock
+"$work/wheel-venv/bin/python" -m pip install -q --disable-pip-version-check --require-hashes --no-deps -r requirements-demo.lock
 "$work/wheel-venv/bin/python" -m pip install -q --disable-pip-version-check --no-deps dist/rewardax-*.whl
 (cd "$work" && "$work/wheel-venv/bin/rewardax" --help >/dev/null && "$work/wheel-venv/bin/rewardax" train --help >/dev/null)
 echo "main job: OK"
