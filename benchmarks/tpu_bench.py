@@ -1,6 +1,6 @@
 """TPU throughput of RewardTrainer's jitted step, today's kernels against the backend's (issue 28).
 
-    python benchmarks/tpu_bench.py [--budget-s 420] [--steps 8] [--out DIR] [--tiny]
+    python benchmarks/tpu_bench.py [--set kernels|remat] [--budget-s 420] [--steps 8] [--out DIR] [--tiny]
 
 Random-init models of real shapes (SmolLM2-135M, Qwen2.5-0.5B, Qwen2.5-1.5B), bf16 compute, float32
 parameters and Adam moments (bf16 both for 1.5B), padded rows of exactly T tokens, remat `full`,
@@ -106,10 +106,11 @@ TINY = dict(
 class Job:
     shape: str
     length: int
-    kernels: str  # "cpu" (today's) or "pallas" (the TPU's)
+    kernels: str  # "cpu" (today's), "pallas" (the TPU's) or "xla"
     batches: tuple[int, ...]  # pairs per step, largest first
     param_dtype: str = "float32"
     remat: str = "full"
+    tiles: tuple[int, int, bool] | None = None  # splash (block_q, block_kv, fused); None: the best
 
 
 # In priority order (the budget cuts the tail): issue 28's targets, old vs new, then the rest.
@@ -123,6 +124,18 @@ JOBS = [
     Job("qwen2.5-1.5b", 2048, "pallas", (4, 2), param_dtype="bfloat16"),
     Job("smollm2-135m", 512, "pallas", (64, 32)),
     Job("qwen2.5-1.5b", 2048, "cpu", (2,), param_dtype="bfloat16"),
+]
+# `--set remat`: where the time goes besides attention. Remat policies that keep more activations
+# (smaller batches), splash tiles for 512-token rows, the one-einsum XLA attention at 512.
+REMAT_JOBS = [
+    Job("qwen2.5-0.5b", 2048, "pallas", (8, 4), remat="save_dots"),
+    Job("qwen2.5-0.5b", 2048, "pallas", (4, 2), remat="none"),
+    Job("qwen2.5-0.5b", 512, "pallas", (32, 16), tiles=(256, 256, True)),
+    Job("qwen2.5-0.5b", 512, "pallas", (32, 16), remat="save_dots"),
+    Job("qwen2.5-0.5b", 512, "xla", (32, 16)),
+    Job("smollm2-135m", 2048, "pallas", (16, 8), remat="save_dots"),
+    Job("smollm2-135m", 2048, "pallas", (8, 4), remat="none"),
+    Job("qwen2.5-1.5b", 2048, "pallas", (2, 1), param_dtype="bfloat16", remat="save_dots"),
 ]
 TINY_JOBS = [
     Job("qwen2.5-0.5b", 256, "pallas", (4, 2)),
@@ -155,16 +168,16 @@ class Recorder:
             "MFU = (6 x non-embedding params + 12 x layers x hidden x T) x tokens/s / 197e12; "
             "attention % of peak = 3.5 x 2 x N x H x T^2 x D / s / 197e12.",
             "",
-            "| model | T | kernels | attention | pairs | compile s | step s | pairs/s | "
-            "tokens/s | MFU | HBM GiB | status |",
-            "|---|---|---|---|---|---|---|---|---|---|---|---|",
+            "| model | T | kernels | attention | remat | params | pairs | compile s | step s | "
+            "pairs/s | tokens/s | MFU | HBM GiB | status |",
+            "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
         ]
         for r in self.rows:
             if r.get("kind") != "train_step":
                 continue
             lines.append(
                 f"| {r.get('shape')} | {r.get('T')} | {r.get('kernels')} | {r.get('attention', '')} | "
-                f"{r.get('pairs', '')} | {_f(r.get('compile_s'))} | {_f(r.get('step_s'), 3)} | "
+                f"{r.get('remat', '')} | {r.get('param_dtype', '')} | {r.get('pairs', '')} | {_f(r.get('compile_s'))} | {_f(r.get('step_s'), 3)} | "
                 f"{_f(r.get('pairs_per_s'))} | {_f(r.get('tokens_per_s'), 0)} | "
                 f"{_pct(r.get('mfu'))} | {_f(r.get('hbm_gib'))} | {r.get('status')} |"
             )
@@ -331,7 +344,10 @@ def train_job(job: Job, kernels: Kernels, args, rec: Recorder, workdir: str) -> 
         "remat": job.remat,
         "device": jax.devices()[0].device_kind,
     }
-    chosen = kernels if job.kernels == "pallas" else select_kernels("cpu")
+    chosen = kernels if job.kernels == "pallas" else select_kernels(job.kernels)
+    if job.tiles is not None and chosen.attention == "splash":
+        bq, bkv, fused = job.tiles
+        chosen = dataclasses.replace(chosen, block_q=bq, block_kv=bkv, fused_backward=fused)
     base["attention"] = chosen.attention + (
         f" {chosen.block_q}x{chosen.block_kv}{' fused' if chosen.fused_backward else ''}"
         if chosen.attention == "splash"
@@ -440,6 +456,9 @@ def main() -> None:
     parser.add_argument("--attn-iters", type=int, default=10)
     parser.add_argument("--hbm-gib", type=float, default=15.75, help="the chip's memory")
     parser.add_argument("--jobs", default="", help="comma-separated job indices (default all)")
+    parser.add_argument(
+        "--set", default="kernels", choices=("kernels", "remat"), help="which job list to run"
+    )
     parser.add_argument("--out", default=os.environ.get("OUT") or "tpu_bench_out")
     parser.add_argument("--tiny", action="store_true", help="tiny shapes: checks the script")
     args = parser.parse_args()
@@ -457,14 +476,25 @@ def main() -> None:
     )
     # Attention alone first (cheap compiles); its fastest splash tiles serve the models.
     kernels = select_kernels("pallas")
-    try:
-        best = attention_bench(2 if args.tiny else 16, 256 if args.tiny else 2048, args, rec)
-        if best is not None and not args.tiny:
-            bq, bkv, fused = best
-            kernels = dataclasses.replace(kernels, block_q=bq, block_kv=bkv, fused_backward=fused)
-    except Exception as exc:
-        rec.add({"kind": "attention", "status": error_text(exc)})
-    jobs = TINY_JOBS if args.tiny else JOBS
+    if args.set == "remat":  # the kernels run's best tiles (benchmarks/README.md, 2026-12-05)
+        kernels = dataclasses.replace(kernels, block_q=512, block_kv=512, fused_backward=True)
+    else:
+        try:
+            best = attention_bench(2 if args.tiny else 16, 256 if args.tiny else 2048, args, rec)
+            if best is not None and not args.tiny:
+                bq, bkv, fused = best
+                kernels = dataclasses.replace(
+                    kernels, block_q=bq, block_kv=bkv, fused_backward=fused
+                )
+        except Exception as exc:
+            rec.add({"kind": "attention", "status": error_text(exc)})
+    jobs = REMAT_JOBS if args.set == "remat" else JOBS
+    if args.tiny:
+        jobs = (
+            [dataclasses.replace(j, length=128, batches=(2,)) for j in REMAT_JOBS]
+            if args.set == "remat"
+            else TINY_JOBS
+        )
     if args.jobs:
         jobs = [jobs[int(i)] for i in args.jobs.split(",")]
     with tempfile.TemporaryDirectory() as workdir:
@@ -475,7 +505,7 @@ def main() -> None:
                 fields = {"shape": job.shape, "T": job.length, "kernels": job.kernels}
                 rec.add({"kind": "train_step", **fields, "status": error_text(exc)})
     try:
-        if time.monotonic() - START < args.budget_s - 30:
+        if args.set == "kernels" and time.monotonic() - START < args.budget_s - 30:
             attention_bench(2 if args.tiny else 64, 128 if args.tiny else 512, args, rec)
     except Exception as exc:
         rec.add({"kind": "attention", "status": error_text(exc)})

@@ -33,6 +33,7 @@ from rewardax.errors import ConfigError
 
 Dtype = Literal["float32", "bfloat16"]
 RematPolicy = Literal["none", "full", "save_dots"]
+KernelSetting = Literal["auto", "cpu", "xla", "pallas"]
 OptimizerName = Literal["adamw", "adafactor", "lion", "sgd"]
 ScheduleName = Literal["constant", "linear", "cosine"]
 NanPolicy = Literal["error", "skip_step"]
@@ -169,6 +170,10 @@ class ModelSection:
       dropout_rate: dropout probability in the backbone during training; 0.0 turns dropout off (the
         usual choice for reward models, so chosen and rejected are scored by the same network).
       num_labels: outputs of the score head; the first one is the reward.
+      kernels: how projections and attention are computed (`rewardax.models.kernels`): `auto`
+        picks by backend (`cpu` on a CPU, `pallas` on a TPU, `xla` elsewhere); `cpu` is the
+        XLA:CPU-tuned formulation, `xla` plain autodiff matmuls and one-einsum attention, `pallas`
+        autodiff matmuls and Pallas splash attention (interpret mode, for tests, off a TPU).
     """
 
     path: str | None = None
@@ -178,6 +183,7 @@ class ModelSection:
     remat_policy: RematPolicy = "none"
     dropout_rate: float = 0.0
     num_labels: int = 1
+    kernels: KernelSetting = "auto"
 
 
 @dataclass(slots=True)

@@ -89,6 +89,7 @@ def _check_model_section(section: ModelSection, model: RewardModel) -> None:
         "matmul_dtype": None if model.matmul_dtype is None else model.matmul_dtype.name,
         "remat_policy": model.model.remat_policy,
         "dropout_rate": model.model.dropout_rate,
+        "kernels": model.kernels if isinstance(model.kernels, str) else model.kernels.name,
         "num_labels": model.config.num_labels,
     }
     for name, value in actual.items():
@@ -251,6 +252,7 @@ class RewardTrainer:
                 num_labels=cfg.model.num_labels,
                 remat_policy=cfg.model.remat_policy,
                 dropout_rate=cfg.model.dropout_rate,
+                kernels=cfg.model.kernels,
                 seed=cfg.train.seed,
             )
         if isinstance(model, RewardState):

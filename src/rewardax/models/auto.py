@@ -32,6 +32,7 @@ class AutoRewardModel:
         dropout_rate: float = 0.0,
         seed: int = 0,
         matmul_dtype: Any = None,
+        kernels: str = "auto",
     ) -> RewardModel:
         """Load a reward model.
 
@@ -42,7 +43,7 @@ class AutoRewardModel:
           dtype: compute dtype; param_dtype: storage dtype (default: ``dtype``);
             matmul_dtype: dtype of the projection matmuls' inputs (default: ``dtype``).
           num_labels: width of the score head; must match a loaded head.
-          remat_policy, dropout_rate: see :class:`RewardModel`.
+          remat_policy, dropout_rate, kernels: see :class:`RewardModel`.
           seed: initialises a new score head.
 
         Raises:
@@ -58,6 +59,7 @@ class AutoRewardModel:
             "dropout_rate": dropout_rate,
             "seed": seed,
             "matmul_dtype": matmul_dtype,
+            "kernels": kernels,
         }
         if not path.exists():
             if _looks_like_hub_name(str(path)):

@@ -134,6 +134,7 @@ def load_gguf(
     dropout_rate: float = 0.0,
     seed: int = 0,
     matmul_dtype: Any = None,
+    kernels: str = "auto",
 ) -> RewardModel:
     """RewardModel from a ``.gguf`` file; the score head is new (GGUFs are causal LMs)."""
     import gguf
@@ -198,4 +199,5 @@ def load_gguf(
         dropout_rate=dropout_rate,
         seed=seed,
         matmul_dtype=matmul_dtype,
+        kernels=kernels,
     )

@@ -52,6 +52,7 @@ def assemble_model(
     dropout_rate: float = 0.0,
     seed: int = 0,
     matmul_dtype: Any = None,
+    kernels: str = "auto",
 ) -> RewardModel:
     """Build ``RewardModel(config)`` from HF-named tensors, one tensor in host memory at a time.
 
@@ -71,6 +72,7 @@ def assemble_model(
             dropout_rate=dropout_rate,
             rngs=nnx.Rngs(seed),
             matmul_dtype=matmul_dtype,
+            kernels=kernels,
         )
 
     abstract = nnx.eval_shape(make)
@@ -269,6 +271,7 @@ def load_hf_directory(
     dropout_rate: float = 0.0,
     seed: int = 0,
     matmul_dtype: Any = None,
+    kernels: str = "auto",
 ) -> RewardModel:
     """RewardModel from a HF directory (``*ForCausalLM``: new head; ``*ForSequenceClassification``:
     head loaded, its ``num_labels`` must equal ``num_labels``)."""
@@ -307,6 +310,7 @@ def load_hf_directory(
             dropout_rate=dropout_rate,
             seed=seed,
             matmul_dtype=matmul_dtype,
+            kernels=kernels,
         )
 
 
