@@ -3,6 +3,7 @@
 # benchmarks/tpu_bench.py (results in $OUT/tpu_bench.jsonl and $OUT/tpu_bench.md as it goes, log in
 # $OUT/log), then, in the time left of ~570 s, the attention and model tests in one process
 # ($OUT/tests.log). Usage on the chip: bash benchmarks/tpu_run.sh [extra tpu_bench.py arguments]
+# Environment: LIMIT_S (whole run), BENCH_S (the bench's budget), TESTS, PYTEST_ARGS.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-$PWD/tpu_out}
@@ -15,13 +16,14 @@ PIP_CONFIG_FILE=/dev/null python3 -m pip install --isolated -q --only-binary=:al
 export PYTHONPATH=${PYTHONPATH:-}:/tmp/site:$PWD/src PYTHONUNBUFFERED=1
 echo "installed after ${SECONDS}s" | tee -a "$OUT/log"
 # The bench starts no configuration after its budget; the last one may run ~60 s past it.
-BUDGET=$((LIMIT_S - SECONDS - 150))
+BUDGET=${BENCH_S:-$((LIMIT_S - SECONDS - 150))}
 python3 benchmarks/tpu_bench.py --budget-s "$BUDGET" --out "$OUT" "$@" 2>&1 | tee -a "$OUT/log"
 echo "bench exit ${PIPESTATUS[0]} after ${SECONDS}s" | tee -a "$OUT/log"
 LEFT=$((LIMIT_S - SECONDS))
 if [ "$LEFT" -gt 40 ]; then
-  timeout "$LEFT" python3 -m pytest -q -x -p no:cacheprovider \
-    tests/test_attention_kernels.py tests/test_models_reward.py 2>&1 | tee "$OUT/tests.log"
+  # TESTS: the test files to run (default: attention and model); PYTEST_ARGS, e.g. "-x".
+  timeout "$LEFT" python3 -m pytest -q -p no:cacheprovider ${PYTEST_ARGS:--x} \
+    ${TESTS:-tests/test_attention_kernels.py tests/test_models_reward.py} 2>&1 | tee "$OUT/tests.log"
   echo "tests exit ${PIPESTATUS[0]} after ${SECONDS}s" | tee -a "$OUT/log"
 else
   echo "no time left for the tests (${LEFT}s)" | tee -a "$OUT/log"

@@ -82,6 +82,8 @@ def _value_and_grads(fn, q, k, v, cotangent):
 # float32 on CPU: 1e-5. On a TPU v5e the kernel's float32 dq differed from the reference by up to
 # 1.1e-4 (absolute and relative; 2026-12-05, benchmarks/tpu_run.sh): the chip's float32 passes.
 F32_TOLERANCE = 2e-4 if jax.default_backend() == "tpu" else 1e-5
+# The whole model's float32 rewards and gradients: on the v5e, up to 8.7e-5 apart (same run).
+MODEL_ATOL, MODEL_RTOL = (2e-4, 1e-3) if jax.default_backend() == "tpu" else (2e-5, 1e-4)
 
 
 def _assert_close(got, want, dtype):
@@ -230,7 +232,7 @@ def test_reward_model_kernels_agree(layout, matmul_dtype):
         for a, b in zip(got, want, strict=True):
             a, b = np.asarray(a), np.asarray(b)
             if matmul_dtype is None:
-                np.testing.assert_allclose(a, b, atol=2e-5, rtol=1e-4, err_msg=kernels)
+                np.testing.assert_allclose(a, b, atol=MODEL_ATOL, rtol=MODEL_RTOL, err_msg=kernels)
             else:
                 bound = 2e-2 * max(1.0, float(np.abs(b).max()))
                 assert np.abs(a - b).max() <= bound, (kernels, np.abs(a - b).max(), bound)

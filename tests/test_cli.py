@@ -258,12 +258,18 @@ def test_export_from_checkpoint_equals_trainer_export_and_loads_in_transformers(
     assert code == 2 and last.startswith("rewardax: error:") and "--overwrite" in last
 
 
-def test_errors_are_one_line_with_status_2(work, capsys):
+def test_errors_are_one_line_with_status_2(work, capsys, monkeypatch):
+    from huggingface_hub import constants
+
     data = str(work["heldout_path"])
+    # A hub name that is not in the (empty) cache, offline: the command to fetch it.
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(work["tmp"] / "empty-hub-cache"))
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
     code, _, err = run_main(
         capsys, ["eval", "--model", "HuggingFaceTB/SmolLM2-135M", "--data", data]
     )
-    assert code == 2 and "hub name" in err and "local" in err and len(err.strip().splitlines()) == 1
+    assert code == 2 and "HF_HUB_OFFLINE=1" in err and len(err.strip().splitlines()) == 1
+    assert "hf download HuggingFaceTB/SmolLM2-135M" in err
     missing = str(work["tmp"] / "nope.jsonl")
     code, _, err = run_main(
         capsys,

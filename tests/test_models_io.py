@@ -125,13 +125,18 @@ def _copy(src, dst):
     return dst
 
 
-def test_bad_inputs_give_clear_errors(seq_cls_dir, tmp_path):
+def test_bad_inputs_give_clear_errors(seq_cls_dir, tmp_path, monkeypatch):
+    from huggingface_hub import constants
+
     def fails(path, pattern, **kw):
         with pytest.raises(RewardaxError, match=pattern):
             AutoRewardModel.from_pretrained(path, **kw)
 
     fails(seq_cls_dir, r"score head has 1 label\(s\) but num_labels=3", num_labels=3)
-    fails("HuggingFaceTB/SmolLM2-135M", "not a local path.*pass the local directory")
+    # A hub name that is not cached, offline (tests/test_hub.py covers the hub cache itself).
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path / "hub"))
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
+    fails("HuggingFaceTB/SmolLM2-135M", "not a local path.*not in the Hugging Face cache")
     fails(tmp_path / "nowhere", "does not exist")
 
     bad = _copy(seq_cls_dir, tmp_path / "arch")

@@ -8,7 +8,6 @@ import argparse
 import json
 import logging
 import os
-import re
 import sys
 import tempfile
 import time
@@ -49,17 +48,11 @@ def _emit(summary: dict[str, Any]) -> None:
 
 
 def local_model_path(path: str) -> str:
-    """`path` if it exists; a ModelLoadError saying to pass a local path (no hub here) if not."""
-    p = Path(path).expanduser()
-    if p.exists():
-        return str(p)
-    if re.fullmatch(r"[\w.-]+/[\w.-]+", path) and not path.startswith("."):
-        raise ModelLoadError(
-            f"{path!r} is not a local path and looks like a Hugging Face hub name; rewardax does "
-            "not download models. Download it first (e.g. `huggingface-cli download "
-            f"{path} --local-dir ./{p.name}`) and pass the local directory"
-        )
-    raise ModelLoadError(f"model {path} does not exist; pass a model directory or a .gguf file")
+    """`path` if it exists, else the cached snapshot of the hub name `org/name[@revision]`
+    (`rewardax.hub`); a ModelLoadError if neither."""
+    from rewardax.hub import resolve_model_path
+
+    return str(resolve_model_path(path))
 
 
 def _run_config_of(model_dir: str) -> Path | None:
@@ -124,6 +117,7 @@ def _describe_data(files: str | list[str]) -> str:
 def cmd_train(args: argparse.Namespace, extra: list[str]) -> dict[str, Any]:
     from rewardax import distributed
     from rewardax.config import RewardConfig
+    from rewardax.data import load_source
     from rewardax.models import load_tokenizer, smollm2_gguf_path
     from rewardax.trainer import RewardTrainer
 
@@ -137,8 +131,10 @@ def cmd_train(args: argparse.Namespace, extra: list[str]) -> dict[str, Any]:
     eval_sets = _parse_eval(args.eval) if args.eval else ({} if args.train else DEFAULT_EVAL)
     model_path = local_model_path(config.model.path) if config.model.path else smollm2_gguf_path()
     tokenizer = load_tokenizer(args.tokenizer or model_path)
+    # Loaded here so that a hub dataset name reads its test split (training data: train).
+    eval_sources = {name: load_source(p, default_split="test") for name, p in eval_sets.items()}
     trainer = RewardTrainer(
-        config, tokenizer, train_dataset=train_file, eval_dataset=eval_sets or None
+        config, tokenizer, train_dataset=train_file, eval_dataset=eval_sources or None
     )
     evals = ", ".join(f"{n} ({Path(p).name})" for n, p in eval_sets.items()) or "none"
     _log(
@@ -152,8 +148,6 @@ def cmd_train(args: argparse.Namespace, extra: list[str]) -> dict[str, Any]:
     after = {k: v["accuracy"] for k, v in metrics.get("eval", {}).items()}
     report_dir = None
     if eval_sets and not args.no_report and not result.stopped_early:
-        from rewardax.data import load_source
-
         facts = _run_facts(config, trainer, result, model_path, train_file, eval_sets)
         facts.update(started=started, wall_time_s=round(time.perf_counter() - start, 1))
         report_dir = _write_report(
@@ -166,8 +160,8 @@ def cmd_train(args: argparse.Namespace, extra: list[str]) -> dict[str, Any]:
             run=facts,
             metrics_before=metrics.get("eval_before"),
             pairs={
-                name: _pair_texts(load_source(path), trainer._last_rewards[name], tokenizer)
-                for name, path in eval_sets.items()
+                name: _pair_texts(source, trainer._last_rewards[name], tokenizer)
+                for name, source in eval_sources.items()
             },
         )
     wall = round(time.perf_counter() - start, 2)
@@ -314,7 +308,7 @@ def cmd_eval(args: argparse.Namespace, extra: list[str]) -> dict[str, Any]:
     overrides = list(_overrides(extra))
     if args.batch_size:
         overrides.append(f"train.per_device_eval_batch_size={args.batch_size}")
-    source = load_source(args.data)
+    source = load_source(args.data, default_split="test")
     with tempfile.TemporaryDirectory(prefix="rewardax-eval-") as scratch:
         # The trainer is used for its evaluation only; nothing of it is written to disk.
         config = _model_config(
@@ -471,6 +465,12 @@ def _fields_help() -> str:
     return "\n".join(lines)
 
 
+MODEL_HELP = (
+    "a Hugging Face directory or .gguf file, or a hub name org/name[@revision] "
+    "(org/name/file.gguf for one GGUF file)"
+)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="rewardax",
@@ -495,14 +495,16 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument(
         "--train",
         metavar="FILE",
-        help="training pairs: a file (jsonl/json/parquet/arrow/csv), glob or directory "
-        "(default: the bundled VADER train split)",
+        help="training pairs: a file (jsonl/json/parquet/arrow/csv), glob or directory, or a "
+        "hub dataset org/name[:split][@revision] (split default: train; default: the bundled "
+        "VADER train split)",
     )
     train.add_argument(
         "--eval",
         action="append",
         metavar="NAME=FILE",
-        help="an eval set (repeatable; FILE alone is named after its stem). Default: the bundled "
+        help="an eval set (repeatable; FILE alone is named after its stem); FILE may be a hub "
+        "dataset org/name[:split][@revision] (split default: test). Default: the bundled "
         "VADER held-out split when --train is not given, else none",
     )
     train.add_argument("--tokenizer", help="tokenizer directory/.gguf (default: the model's own)")
@@ -516,8 +518,13 @@ def build_parser() -> argparse.ArgumentParser:
         "data has a `subset` column (RewardBench layout), reward distribution. When the model is "
         "<run>/export, the run's data settings are used. Extra --section.key=value settings apply.",
     )
-    ev.add_argument("--model", required=True, help="a Hugging Face directory or .gguf file")
-    ev.add_argument("--data", required=True, help="pairs file (any training data format)")
+    ev.add_argument("--model", required=True, help=MODEL_HELP)
+    ev.add_argument(
+        "--data",
+        required=True,
+        help="pairs file (any training data format) or hub dataset org/name[:split][@revision] "
+        "(split default: test)",
+    )
     ev.add_argument("--report", metavar="DIR", help="write an HTML report with PNG plots here")
     ev.add_argument(
         "--run", metavar="DIR", help="run directory for training curves (default: the model's)"
@@ -536,7 +543,7 @@ def build_parser() -> argparse.ArgumentParser:
         "with a float `reward`, in input order; input is streamed (bounded memory). Data "
         "settings come from the run when the model is <run>/export, else the defaults.",
     )
-    score.add_argument("--model", required=True, help="a Hugging Face directory or .gguf file")
+    score.add_argument("--model", required=True, help=MODEL_HELP)
     score.add_argument("--input", required=True, help=".jsonl/.ndjson or .parquet")
     score.add_argument("--output", required=True, help=".jsonl/.ndjson or .parquet")
     score.add_argument(

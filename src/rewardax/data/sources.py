@@ -194,11 +194,11 @@ class ListSource:
 class HFDatasetSource(ListSource):
     """A Hugging Face `datasets.Dataset` (memory-mapped; rows are read one at a time)."""
 
-    def __init__(self, dataset: Any):
-        super().__init__(
-            dataset,
-            name=f"dataset {(getattr(dataset, 'info', None) and dataset.info.dataset_name) or ''}".strip(),
-        )
+    def __init__(self, dataset: Any, name: str | None = None):
+        if name is None:
+            info = getattr(dataset, "info", None)
+            name = f"dataset {(info and info.dataset_name) or ''}".strip()
+        super().__init__(dataset, name=name)
 
     def where(self, index: int) -> str:
         return f"{self.name} row {index}"
@@ -229,15 +229,25 @@ class StreamSource:
         return f"{self.name} row {index}"
 
 
-def load_source(source: Any) -> ShardedDataSource | ListSource | StreamSource:
+def load_source(
+    source: Any, *, default_split: str = "train"
+) -> ShardedDataSource | ListSource | StreamSource:
     """Any supported input -> a source.
 
     Accepts: a ShardedDataSource / ListSource / StreamSource (returned as is), a `datasets.Dataset`, a
     `datasets.IterableDataset`, a path / glob / directory (str or Path), a list of paths, a list of
-    row dicts.
+    row dicts, or a Hugging Face hub dataset name `org/name[:split][@revision]` (a str that is not
+    an existing path; see `rewardax.hub`), read at `default_split` when it names no split.
     """
     if isinstance(source, ShardedDataSource | ListSource | StreamSource):
         return source
+    if isinstance(source, str) and not os.path.exists(source):
+        from rewardax import hub
+
+        if hub.parse_dataset_name(source) is not None:
+            return HFDatasetSource(
+                hub.load_hub_dataset(source, default_split), name=f"hub dataset {source}"
+            )
     if isinstance(source, str | Path):
         return ShardedDataSource(source)
     try:
@@ -267,9 +277,12 @@ as_data_source = load_source
 
 
 def load_eval_sources(source: Any) -> dict[str, Any]:
-    """Eval data as named sources: a dict of sets keeps its names, anything else is named 'eval'."""
+    """Eval data as named sources: a dict of sets keeps its names, anything else is named 'eval'.
+    A hub dataset name without a split reads its `test` split."""
     if isinstance(source, dict) and not any(
         k in source for k in ("chosen", "rejected", "chosen_input_ids")
     ):
-        return {str(name): load_source(value) for name, value in source.items()}
-    return {"eval": load_source(source)}
+        return {
+            str(name): load_source(value, default_split="test") for name, value in source.items()
+        }
+    return {"eval": load_source(source, default_split="test")}

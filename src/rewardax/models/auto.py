@@ -6,6 +6,7 @@ from pathlib import Path
 from typing import Any
 
 from rewardax.errors import ModelLoadError
+from rewardax.hub import resolve_model_path
 from rewardax.models.gguf import load_gguf, smollm2_gguf_path
 from rewardax.models.hf import conversion_command, load_hf_directory
 from rewardax.models.reward import RewardModel
@@ -13,13 +14,8 @@ from rewardax.models.reward import RewardModel
 _PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl", ".pickle")
 
 
-def _looks_like_hub_name(text: str) -> bool:
-    parts = text.split("/")
-    return len(parts) == 2 and all(parts) and not text.startswith((".", "~"))
-
-
 class AutoRewardModel:
-    """Loads a :class:`RewardModel` from a local checkpoint (no hub access, no torch)."""
+    """Loads a :class:`RewardModel` from a local checkpoint or a Hugging Face hub name (no torch)."""
 
     @staticmethod
     def from_pretrained(
@@ -39,7 +35,10 @@ class AutoRewardModel:
         Args:
           path: a Hugging Face directory (config.json + model.safetensors or a sharded
             ``*.safetensors.index.json``; ``*ForCausalLM`` gets a new score head,
-            ``*ForSequenceClassification`` keeps its head) or a ``.gguf`` file.
+            ``*ForSequenceClassification`` keeps its head) or a ``.gguf`` file; or, when no such
+            local path exists, a hub name ``org/name[@revision]`` / ``org/name/file.gguf`` fetched
+            into the standard Hugging Face cache (``rewardax.hub``; ``HF_HUB_OFFLINE=1`` reads only
+            the cache).
           dtype: compute dtype; param_dtype: storage dtype (default: ``dtype``);
             matmul_dtype: dtype of the projection matmuls' inputs (default: ``dtype``).
           num_labels: width of the score head; must match a loaded head.
@@ -47,10 +46,11 @@ class AutoRewardModel:
           seed: initialises a new score head.
 
         Raises:
-          ModelLoadError: missing/corrupt files, pickle checkpoints, hub names, unknown
-            architectures, tensor shape mismatches, ``num_labels`` mismatch.
+          ModelLoadError: missing/corrupt files, pickle checkpoints, hub repos not cached
+            (offline) or not found, unknown architectures, tensor shape mismatches,
+            ``num_labels`` mismatch.
         """
-        path = Path(path).expanduser()
+        path = resolve_model_path(path)
         kwargs: dict[str, Any] = {
             "dtype": dtype,
             "param_dtype": param_dtype,
@@ -61,14 +61,6 @@ class AutoRewardModel:
             "matmul_dtype": matmul_dtype,
             "kernels": kernels,
         }
-        if not path.exists():
-            if _looks_like_hub_name(str(path)):
-                raise ModelLoadError(
-                    f"{path} is not a local path; rewardax does not download from the Hugging "
-                    f"Face hub. Download it first (e.g. `huggingface-cli download {path} "
-                    f"--local-dir ./{path.name}`) and pass the local directory."
-                )
-            raise ModelLoadError(f"{path} does not exist; pass a model directory or a .gguf file.")
         if path.is_file():
             if path.suffix == ".gguf":
                 return load_gguf(path, **kwargs)

@@ -6,6 +6,7 @@ from pathlib import Path
 from typing import Any
 
 from rewardax.errors import ModelLoadError
+from rewardax.hub import resolve_model_path
 from rewardax.models.gguf_tokenizer import load_gguf_tokenizer
 
 
@@ -15,19 +16,16 @@ def load_tokenizer(path: str | Path) -> Any:
     Args:
       path: a Hugging Face directory (tokenizer.json / tokenizer_config.json) or a ``.gguf``
         file (the tokenizer is rebuilt from its GGUF metadata by
-        ``rewardax.models.gguf_tokenizer``, without torch; same ids as transformers' GGUF loader).
+        ``rewardax.models.gguf_tokenizer``, without torch; same ids as transformers' GGUF loader);
+        or, when no such local path exists, a hub name ``org/name[@revision]`` /
+        ``org/name/file.gguf`` (``rewardax.hub``).
 
     Returns:
       The tokenizer. If it has no pad token, the EOS token is set as pad token: rewardax reads
       rewards at the last position whose attention mask is 1, never by searching for the pad id,
       so pad == EOS is harmless (SmolLM2 ships that way).
     """
-    path = Path(path).expanduser()
-    if not path.exists():
-        raise ModelLoadError(
-            f"{path} does not exist; pass a local tokenizer directory or .gguf file "
-            "(rewardax does not download from the Hugging Face hub)."
-        )
+    path = resolve_model_path(path, kind="tokenizer")
     try:
         if path.is_file() and path.suffix == ".gguf":
             tok = load_gguf_tokenizer(path)
