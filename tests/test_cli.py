@@ -319,3 +319,19 @@ def test_score_chat_row_equals_unpadded_reference(work, tokenizer, capsys):
     chat_ids = tokenizer(rendered, add_special_tokens=False).input_ids
     chat_reward = float(np.asarray(model(np.asarray([chat_ids], np.int32)).logits)[0, 0])
     assert got[0] == pytest.approx(chat_reward, abs=1e-4)
+
+
+def test_eval_scores_without_an_optimizer_or_a_trainer(work, capsys, monkeypatch):
+    """`rewardax eval` loads the model and scores pairs: no optimizer state, no RewardTrainer."""
+    import rewardax.optim
+    import rewardax.trainer
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("eval built an optimizer or a trainer")
+
+    monkeypatch.setattr(rewardax.optim, "build_optimizer", refuse)
+    monkeypatch.setattr(rewardax.trainer.RewardTrainer, "__init__", refuse)
+    argv = ["eval", "--model", str(work["run"] / "export"), "--data", str(work["heldout_path"])]
+    code, out, err = run_main(capsys, argv)
+    assert code == 0, err
+    assert json.loads(out.strip().splitlines()[-1])["metrics"]["num_pairs"] == len(work["heldout"])

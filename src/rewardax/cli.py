@@ -9,7 +9,6 @@ import json
 import logging
 import os
 import sys
-import tempfile
 import time
 from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
@@ -299,38 +298,44 @@ def _subsets(source: Any, row_index: Any) -> list[str] | None:
 
 
 def cmd_eval(args: argparse.Namespace, extra: list[str]) -> dict[str, Any]:
+    import jax
+
+    from rewardax import distributed
     from rewardax.data import load_source
-    from rewardax.evaluation import preference_metrics
-    from rewardax.models import load_tokenizer
-    from rewardax.trainer import RewardTrainer
+    from rewardax.models import AutoRewardModel, load_tokenizer
+    from rewardax.pair_scoring import PairScorer
+    from rewardax.sharding import make_mesh
 
     model_path = local_model_path(args.model)
     overrides = list(_overrides(extra))
     if args.batch_size:
         overrides.append(f"train.per_device_eval_batch_size={args.batch_size}")
+    config = _model_config(model_path, overrides)
+    distributed.initialize(config)  # before anything touches a device
+    config.validate(num_devices=jax.device_count(), num_processes=jax.process_count())
     source = load_source(args.data, default_split="test")
-    with tempfile.TemporaryDirectory(prefix="rewardax-eval-") as scratch:
-        # The trainer is used for its evaluation only; nothing of it is written to disk.
-        config = _model_config(
-            model_path,
-            [*overrides, f"checkpoint.save_directory={scratch}", "checkpoint.run_name=eval"],
-        )
-        tokenizer = load_tokenizer(args.tokenizer or model_path)
-        name = Path(args.data).stem
-        # The trainer loads model.path itself, with every model setting of the config.
-        trainer = RewardTrainer(config, tokenizer, eval_dataset={name: source})
-        counts = trainer.evaluate()[name]
-        rewards = trainer._last_rewards[name]
-    metrics = preference_metrics(
-        rewards["chosen"],
-        rewards["rejected"],
-        margin=rewards["margin"],
-        chosen_lengths=rewards["chosen_lengths"],
-        rejected_lengths=rewards["rejected_lengths"],
-        subsets=_subsets(source, rewards["row_index"]),
+    name = Path(args.data).stem
+    tokenizer = load_tokenizer(args.tokenizer or model_path)
+    # The model and a pair scorer only: no optimizer state, no trainer.
+    model = AutoRewardModel.from_pretrained(
+        model_path,
+        dtype=config.model.dtype,
+        param_dtype=config.model.param_dtype,
+        matmul_dtype=config.model.matmul_dtype,
+        num_labels=config.model.num_labels,
+        kernels=config.model.kernels,
     )
-    metrics["num_truncated"] = counts["num_truncated"]
-    metrics["num_dropped"] = counts["num_dropped"]
+    dp, fsdp, tp = config.mesh.resolve(jax.device_count())
+    scorer, arrays = PairScorer.for_model(
+        model,
+        mesh=make_mesh(dp, fsdp, tp),
+        tokenizer=tokenizer,
+        data_config=config.data,
+        batch_size=config.train.per_device_eval_batch_size * dp * fsdp,
+    )
+    del model
+    rewards = scorer(arrays, source)
+    metrics = rewards.metrics(subsets=_subsets(source, rewards.row_index))
     cut = ""
     if metrics["num_truncated"]:
         cut = (

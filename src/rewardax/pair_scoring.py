@@ -1,0 +1,157 @@
+"""Rewards of every preference pair of a data source, from a model alone (no optimizer, no trainer).
+
+One path for every consumer of pair rewards: `RewardTrainer.evaluate` (the eval hook of training),
+`rewardax eval`, and the HTML report that reads their rewards. A `PairScorer` compiles its eval step
+once per batch shape and can score several sources with the same (or updated) parameters.
+
+Multi-process: every process reads its own rows of each batch (as training does) and the rewards
+of all processes are gathered, so each process returns the whole set in the source's row order.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import jax
+import numpy as np
+from flax import nnx
+
+from rewardax import data as rdata
+from rewardax import distributed
+from rewardax.data.config import DataConfig
+from rewardax.evaluation import preference_metrics
+from rewardax.sharding import batch_sharding, global_batch, replicated, state_shardings
+from rewardax.steps import make_eval_step
+
+# Per-pair arrays gathered from the eval batches (besides the rewards).
+_PAIR_FIELDS = ("row_index", "chosen", "rejected", "margin", "chosen_lengths", "rejected_lengths")
+
+
+@dataclass(frozen=True)
+class PairRewards:
+    """The rewards of a source's pairs, in the order of its rows (filtered rows left out).
+
+    Attributes:
+      chosen, rejected: float [N] rewards; margin: float [N] the rows' margins (0 without one).
+      chosen_lengths, rejected_lengths: int [N] tokens scored (after truncation).
+      row_index: int [N] the source row of each pair.
+      num_truncated: pairs cut to data.max_sequence_length by the truncation mode.
+      num_dropped: rows left out (truncation_mode=filter, or on_invalid=skip).
+    """
+
+    chosen: np.ndarray
+    rejected: np.ndarray
+    margin: np.ndarray
+    chosen_lengths: np.ndarray
+    rejected_lengths: np.ndarray
+    row_index: np.ndarray
+    num_truncated: int
+    num_dropped: int
+
+    def __getitem__(self, name: str) -> Any:
+        """`rewards["chosen"]`: the mapping view the report and older callers use."""
+        return getattr(self, name)
+
+    def metrics(self, subsets: list[str] | None = None) -> dict[str, Any]:
+        """`preference_metrics` of these rewards, with the truncation and drop counts."""
+        result = preference_metrics(
+            self.chosen,
+            self.rejected,
+            margin=self.margin,
+            chosen_lengths=self.chosen_lengths,
+            rejected_lengths=self.rejected_lengths,
+            subsets=subsets,
+        )
+        result["num_truncated"] = self.num_truncated
+        result["num_dropped"] = self.num_dropped
+        return result
+
+
+# What the eval step takes of a (padded) eval batch; it also carries row_index.
+_STEP_KEYS = ("input_ids", "attention_mask", "reward_index", "margin", "pair_mask")
+
+
+def _model_inputs(batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    return {k: batch[k] for k in _STEP_KEYS}
+
+
+class PairScorer:
+    """Scores pairs with a model's parameters on a mesh.
+
+    Args:
+      graphdef: the model's `nnx.split(model, nnx.Param, ...)[0]`.
+      mesh: where the parameters live and batches are split (data-parallel axes).
+      tokenizer, data_config: how rows become sequences (the run's length policy included).
+      batch_size: pairs per evaluation step over all processes; a multiple of the mesh's
+        data-parallel size.
+    """
+
+    def __init__(
+        self,
+        graphdef: Any,
+        *,
+        mesh: jax.sharding.Mesh,
+        tokenizer: Any,
+        data_config: DataConfig,
+        batch_size: int,
+    ):
+        self.mesh = mesh
+        self.tokenizer = tokenizer
+        self.data_config = data_config
+        self.batch_size = batch_size
+        self._step = jax.jit(make_eval_step(graphdef), out_shardings=replicated(mesh))
+
+    @classmethod
+    def for_model(
+        cls, model: nnx.Module, *, mesh: jax.sharding.Mesh, **kwargs: Any
+    ) -> tuple[PairScorer, dict[str, Any]]:
+        """A scorer and the model's arrays placed on `mesh` by the sharding table."""
+        graphdef, params, rest = nnx.split(model, nnx.Param, ...)
+        arrays = {
+            "params": jax.device_put(params, state_shardings(params, mesh)),
+            "rest": jax.device_put(rest, replicated(mesh)),
+        }
+        return cls(graphdef, mesh=mesh, **kwargs), arrays
+
+    def __call__(self, arrays: dict[str, Any], source: Any) -> PairRewards:
+        """The rewards of every pair of `source` under `arrays` ({"params", "rest"}, placed)."""
+        process_count = jax.process_count()
+        local_batch_size = self.batch_size // process_count  # each process reads its own rows
+        mine = distributed.local_row_indices(batch_sharding(self.mesh), self.batch_size)
+        parts: dict[str, list[np.ndarray]] = {k: [] for k in (*_PAIR_FIELDS, "pair_mask")}
+        stats = rdata.LoaderStats()
+        batches = rdata.iterate_eval_batches(
+            source,
+            self.tokenizer,
+            self.data_config,
+            batch_size=local_batch_size,
+            process_index=jax.process_index(),
+            process_count=process_count,
+            stats=stats,
+        )
+        pad_id = rdata.pad_token_id(self.tokenizer)
+        for host_batch in distributed.lockstep(batches, local_batch_size, pad_id):
+            batch = global_batch(_model_inputs(host_batch), self.mesh)
+            # The outputs are replicated: keep the rows this process supplied.
+            out = jax.device_get(self._step(arrays, batch))
+            lengths = np.asarray(host_batch["attention_mask"]).sum(-1)
+            parts["pair_mask"].append(np.asarray(host_batch["pair_mask"]))
+            parts["row_index"].append(np.asarray(host_batch["row_index"]))
+            parts["chosen"].append(np.asarray(out["chosen"])[mine])
+            parts["rejected"].append(np.asarray(out["rejected"])[mine])
+            parts["margin"].append(np.asarray(host_batch["margin"]))
+            parts["chosen_lengths"].append(lengths[:, 0])
+            parts["rejected_lengths"].append(lengths[:, 1])
+        # Every process ran the same steps, so the parts line up: gather them all.
+        gathered = {
+            k: distributed.allgather(np.concatenate(v)).reshape(-1) for k, v in parts.items()
+        }
+        real = gathered.pop("pair_mask") > 0
+        # Batches are grouped by length; put the pairs back in the order of the source rows.
+        order = np.argsort(gathered["row_index"][real], kind="stable")
+        return PairRewards(
+            **{k: v[real][order] for k, v in gathered.items()},
+            num_truncated=round(distributed.process_sum(stats.truncated)),
+            num_dropped=round(distributed.process_sum(sum(stats.dropped.values()))),
+        )
