@@ -6,6 +6,7 @@ import os
 import subprocess
 import sys
 import textwrap
+import warnings
 from pathlib import Path
 
 import jax
@@ -332,3 +333,81 @@ def test_restore_reshards_onto_another_mesh(tmp_path: Path) -> None:
     """
     proc = run_python(code, {"XLA_FLAGS": "--xla_force_host_platform_device_count=4"})
     assert proc.returncode == 0 and "OK" in proc.stdout, proc.stdout + proc.stderr[-3000:]
+
+
+def test_a_layout_mismatch_is_an_error_naming_the_array_not_a_fallback(tmp_path: Path) -> None:
+    """A state built for another model/optimizer config fails every checkpoint of the run alike:
+    resume must say so and name the array, not warn, skip the newest and try older ones."""
+    with TrainCheckpointer(tmp_path, max_to_keep=3) as ckpt:
+        for step in (1, 2):
+            ckpt.save(step, make_state(step), {"s": step})
+        shape = abstract_of(make_state(0))
+        shape["params"]["w"] = jax.ShapeDtypeStruct((5, 8), jnp.float32)
+        dtype = abstract_of(make_state(0))
+        dtype["params"]["emb"] = jax.ShapeDtypeStruct((16, 4), jnp.float32)  # saved bfloat16
+        missing = abstract_of(make_state(0))
+        missing["opt"].append(jax.ShapeDtypeStruct((3,), jnp.float32))
+        extra_leaf = abstract_of(make_state(0))
+        del extra_leaf["rng"]
+        cases = [
+            (
+                shape,
+                r"state\['params'\]\['w'\] is float32\[4, 8\] in the checkpoint and "
+                r"float32\[5, 8\] in this run",
+            ),
+            (
+                dtype,
+                r"state\['params'\]\['emb'\] is bfloat16\[16, 4\] in the checkpoint and "
+                r"float32\[16, 4\]",
+            ),
+            (missing, r"state\['opt'\]\[2\] is not in the checkpoint"),
+            (extra_leaf, r"the checkpoint holds state\['rng'\]"),
+        ]
+        for abstract, message in cases:
+            with warnings.catch_warnings():
+                warnings.simplefilter("error", CorruptCheckpointWarning)  # no fallback
+                with pytest.raises(CheckpointError, match=message) as info:
+                    ckpt.restore(abstract)
+            assert f"checkpoint step 2 ({tmp_path / '2'})" in str(info.value)
+            assert "configuration differs from the run that wrote it" in str(info.value)
+        # Nothing was marked bad: the same checkpoint loads with the right layout.
+        result = ckpt.restore(abstract_of(make_state(0)))
+        assert result.step == 2 and result.skipped == () and result.path == tmp_path / "2"
+        assert_bitwise_equal(result.state, make_state(2))
+
+
+def test_missing_array_metadata_counts_as_corrupt(tmp_path: Path) -> None:
+    with TrainCheckpointer(tmp_path, max_to_keep=3) as ckpt:
+        for step in (1, 2):
+            ckpt.save(step, make_state(step), {"s": step})
+        (tmp_path / "2" / "state" / "_METADATA").unlink()
+        with pytest.warns(CorruptCheckpointWarning, match="_METADATA"):
+            result = ckpt.restore(abstract_of(make_state(0)))
+        assert result.step == 1 and result.path == tmp_path / "1"
+
+
+@pytest.mark.parametrize(
+    "failure",
+    [MemoryError(), ValueError("RESOURCE_EXHAUSTED: Out of memory allocating 4096 bytes")],
+    ids=["MemoryError", "tensorstore-oom"],
+)
+def test_out_of_memory_while_restoring_propagates(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, failure: Exception
+) -> None:
+    """Running out of memory says nothing about the checkpoint: it must not be skipped for an
+    older one (nor marked corrupt), but reach the caller."""
+    with TrainCheckpointer(tmp_path, max_to_keep=3) as ckpt:
+        for step in (1, 2):
+            ckpt.save(step, make_state(step), {"s": step})
+
+        def out_of_memory(*args, **kwargs):
+            raise failure
+
+        monkeypatch.setattr(ckpt._manager, "restore", out_of_memory)
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", CorruptCheckpointWarning)
+            with pytest.raises(type(failure)) as info:
+                ckpt.restore(abstract_of(make_state(0)))
+        assert info.value is failure
+        monkeypatch.undo()
+        assert ckpt.restore(abstract_of(make_state(0))).step == 2

@@ -235,30 +235,46 @@ def test_chunk_size_changes_nothing_even_across_epochs_and_resume(tok, monkeypat
     assert len(rest) == len(reference) - 5
 
 
-def test_default_ladder_pads_close_to_the_pair_layout_ceiling(tok):
+def test_default_ladder_pads_each_batch_to_its_rung(tok):
+    """Properties of the bucket ladder that hold by construction, on varied lengths: each batch is
+    padded to the smallest rung holding its longest sequence, a rung is less than one ladder step
+    above it (a quarter of an octave, from 32 tokens on; 8 tokens below), and on the same batches
+    the default ladder never pads more than the old (64, 128) buckets, which it contains."""
     rows = varied_rows(512)
-    loader = PreferenceLoader(
-        rows, tok, DataConfig(max_sequence_length=128), batch_size=8, seed=0, num_epochs=1
-    )
+    config = DataConfig(max_sequence_length=128)
+    loader = PreferenceLoader(rows, tok, config, batch_size=8, seed=0, num_epochs=1)
     batches = list(loader)
-    lengths = np.concatenate([b["attention_mask"].sum(-1) for b in batches])
-    # Chosen and rejected of a pair share T: padding each pair only to its longer response is the
-    # best any [B, 2, T] batching can do.
-    ceiling = lengths.sum() / (2 * lengths.max(-1).sum())
-    shapes = {b["input_ids"].shape[-1] for b in batches}
-    assert shapes <= set(loader.buckets) and len(shapes) <= 8
-    assert loader.stats.padding_efficiency >= 0.9 * ceiling
-    # The old default (powers of two from 64, windows of 64 rows) pads much more.
+    assert {64, 128} <= set(loader.buckets)
+    real = computed = bound = 0
+    for batch in batches:
+        lengths = batch["attention_mask"].sum(-1)  # [B, 2]
+        longest, t = int(lengths.max()), batch["input_ids"].shape[-1]
+        assert t == min(b for b in loader.buckets if b >= longest)
+        step = max(1 << (longest.bit_length() - 1), 32) // config.buckets_per_octave
+        assert t < longest + step
+        real += int(lengths.sum())
+        computed += batch["attention_mask"].size
+        bound += batch["attention_mask"][..., 0].size * (longest + step)
+    assert loader.stats.padding_efficiency == pytest.approx(real / computed, rel=1e-12)
+    assert loader.stats.padding_efficiency > real / bound
+    # The old default buckets on the very same batches (grouping does not look at buckets).
     old = PreferenceLoader(
         rows,
         tok,
-        DataConfig(max_sequence_length=128, length_group_window=64, bucket_lengths=(64, 128)),
+        DataConfig(max_sequence_length=128, bucket_lengths=(64, 128)),
         batch_size=8,
         seed=0,
         num_epochs=1,
     )
-    list(old)
-    assert loader.stats.padding_efficiency > old.stats.padding_efficiency + 0.15
+    old_batches = list(old)
+    assert len(old_batches) == len(batches)
+    for new_batch, old_batch in zip(batches, old_batches, strict=True):
+        np.testing.assert_array_equal(new_batch["margin"], old_batch["margin"])  # same pairs
+        assert new_batch["input_ids"].shape[-1] <= old_batch["input_ids"].shape[-1]
+    assert old.stats.real_tokens == loader.stats.real_tokens
+    # Strictly better here: some batch's longest sequence is under 56 tokens (a rung below 64).
+    assert any(int(b["attention_mask"].sum(-1).max()) <= 56 for b in batches)
+    assert loader.stats.padding_efficiency > old.stats.padding_efficiency
 
 
 def test_dropped_remainder_is_random_not_the_longest_pairs():

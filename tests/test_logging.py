@@ -173,3 +173,24 @@ def test_wandb_receives_prefixed_scalars_and_keeps_its_run_id(tmp_path: Path, mo
     assert calls["init"][0]["id"] == calls["init"][1]["id"] == "abc123"  # resumed: same W&B run
     assert calls["init"][0]["config"] == {"lr": 1e-5} and calls["init"][1]["resume"] == "allow"
     assert json.loads((tmp_path / "summary.json").read_text()) == {"accuracy": 0.9}
+
+
+def test_an_event_is_one_row_and_one_line_and_no_scalar(tmp_path: Path, capsys) -> None:
+    checkpoint = str(tmp_path / "checkpoints" / "5")
+    with MetricsLogger(
+        tmp_path, report_to=["tensorboard"], progress_bar=False, resume_step=5
+    ) as logger:
+        logger.event(5, "resume", "resuming run r from step 5 (x)", {"checkpoint": checkpoint})
+        logger.log(6, {"loss": 0.5})
+        with pytest.raises(ValueError, match="reserved"):
+            logger.event(6, "resume", "no", {"step": 3})
+    rows = read_metrics(tmp_path)
+    assert [(r["step"], r["split"]) for r in rows] == [(5, "resume"), (6, "train")]
+    assert rows[0]["checkpoint"] == checkpoint and "loss" not in rows[0]
+    assert "resuming run r from step 5 (x)\n" in capsys.readouterr().err
+    assert [tag for tag, _, _ in read_tfevents(tmp_path / "tensorboard")] == ["train/loss"]
+    # Other processes write and print nothing.
+    other = tmp_path / "other"
+    with MetricsLogger(other, process_index=1, progress_bar=False) as logger:
+        logger.event(5, "resume", "resuming", {"checkpoint": checkpoint})
+    assert not other.exists() and capsys.readouterr().err == ""

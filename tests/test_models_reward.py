@@ -111,11 +111,23 @@ def _assert_within_bf16_budget(got: np.ndarray, ref: np.ndarray) -> None:
     assert err.max() > 0  # it really computed in bf16
 
 
-def test_bfloat16_params():
-    model = scrambled_model("qwen3", dtype="bfloat16", param_dtype="bfloat16")
-    assert model.score.kernel[...].dtype == jnp.bfloat16
-    out = model(jnp.asarray(random_rows(8, [7])))
-    assert out.logits.dtype == jnp.float32 and np.isfinite(np.asarray(out.logits)).all()
+def test_bfloat16_params_close_to_float32():
+    """bf16 parameters and activations against a float32 model holding the same (bf16-rounded)
+    parameters, so only the compute rounding differs: within `_assert_within_bf16_budget`
+    (5% RMS, 10% worst row of the rewards' RMS; measured 1.0% and 2.3% for this qwen3). Against
+    the float32 parameters before rounding the same budget holds (measured 1.5% and 3.0%)."""
+    bf16 = scrambled_model("qwen3", dtype="bfloat16", param_dtype="bfloat16")
+    assert bf16.score.kernel[...].dtype == jnp.bfloat16
+    unrounded = scrambled_model("qwen3")  # the same float32 noise, before the bf16 cast
+    rounded = scrambled_model("qwen3")
+    upcast = jax.tree.map(lambda x: x.astype(jnp.float32), nnx.state(bf16, nnx.Param))
+    nnx.update(rounded, upcast)
+    ids, mask = pad_rows(random_rows(8, list(range(4, 20))), "left")
+    ids, mask = jnp.asarray(ids), jnp.asarray(mask)
+    out = bf16(ids, mask)
+    assert out.logits.dtype == jnp.float32
+    _assert_within_bf16_budget(np.asarray(out.logits), np.asarray(rounded(ids, mask).logits))
+    _assert_within_bf16_budget(np.asarray(out.logits), np.asarray(unrounded(ids, mask).logits))
 
 
 def test_remat_policies_give_the_same_gradients():
@@ -384,9 +396,17 @@ def test_bfloat16_matmuls_with_float32_activations():
         assert rel < 0.08, rel
 
 
+@pytest.mark.skipif(
+    jax.default_backend() != "cpu",
+    reason="reads XLA:CPU's compiled HLO; another backend's compiler lays out and fuses dots "
+    "its own way, so the count and the operand types say nothing there",
+)
 def test_bfloat16_weight_gradient_stays_a_bf16_dot():
-    """Regression guard for the physical transpose: XLA:CPU must see bf16 operands in every dot
-    of the backward pass (a folded transpose made it upcast the weight gradient to float32)."""
+    """Regression guard for the physical transpose, specific to XLA:CPU (skipped elsewhere): the
+    CPU compiler must see bf16 operands in every dot of the backward pass (a folded transpose
+    made it upcast the weight gradient to float32). It counts dots in the text of the compiled
+    HLO, which is a property of one compiler: TPU and GPU compilers fuse and convert differently
+    and a bf16-vs-f32 operand there is neither a bug nor a guarantee."""
     import re
 
     from rewardax.models.transformer import mixed_matmul

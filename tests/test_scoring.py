@@ -131,3 +131,54 @@ def test_normalization_needs_stats_and_a_positive_std(tmp_path):
     (tmp_path / "config.json").write_text(json.dumps(stats))
     with pytest.raises(ModelLoadError, match="std of 0"):
         normalization_of(tmp_path)
+
+
+# A ChatML template (SmolLM2's shape) whose generation-prompt branch is replaced by `{tail}`.
+_CHATML = (
+    "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n"
+    "{% endfor %}{% if add_generation_prompt %}{tail}{% endif %}"
+)
+_CHAT_ROW = {
+    "messages": [
+        {"role": "user", "content": "Describe the film in one line."},
+        {"role": "assistant", "content": "Warm and funny."},
+    ]
+}
+
+
+def test_a_template_that_refuses_the_prompt_alone_gives_no_boundary(tokenizer, monkeypatch):
+    """The template's own refusal (raise_exception) of the prompt render is expected: the row is
+    scored on the whole chat, as before, with no prompt/response boundary."""
+    template = _CHATML.replace("{tail}", "{{ raise_exception('ends on an assistant turn') }}")
+    monkeypatch.setattr(tokenizer, "chat_template", template)
+    encoder = ResponseEncoder(tokenizer, DataConfig(max_sequence_length=512))
+    rendered = tokenizer.apply_chat_template(_CHAT_ROW["messages"], tokenize=False).rstrip()
+    expected = tokenizer(rendered, add_special_tokens=False).input_ids
+    if encoder.encoder.adds_bos and expected[0] != tokenizer.bos_token_id:
+        expected = [tokenizer.bos_token_id, *expected]
+    assert encoder.encode(_CHAT_ROW, "row 0").tolist() == expected
+
+
+def test_a_python_error_in_the_template_names_the_row(tokenizer, monkeypatch):
+    """A template expression failing on the prompt render was swallowed (the row scored as if
+    nothing happened); it is a DataError naming the row and what to do."""
+    monkeypatch.setattr(tokenizer, "chat_template", _CHATML.replace("{tail}", "{{ 1 // 0 }}"))
+    encoder = ResponseEncoder(tokenizer, DataConfig(max_sequence_length=512))
+    with pytest.raises(DataError, match=r"f\.jsonl:5 \(row 4\).*ZeroDivisionError.*input_ids"):
+        encoder.encode(_CHAT_ROW, "f.jsonl:5 (row 4)")
+
+
+def test_an_unexpected_error_while_finding_the_prompt_propagates(tokenizer, monkeypatch):
+    """Neither a template refusal nor a row problem (here a RuntimeError, as a failing device or a
+    bug would raise): it surfaces unchanged instead of silently dropping the prompt boundary."""
+    render = tokenizer.apply_chat_template
+
+    def fails_on_the_prompt(messages, **kwargs):
+        if kwargs.get("add_generation_prompt"):
+            raise RuntimeError("not a template error")
+        return render(messages, **kwargs)
+
+    monkeypatch.setattr(tokenizer, "apply_chat_template", fails_on_the_prompt)
+    encoder = ResponseEncoder(tokenizer, DataConfig(max_sequence_length=512))
+    with pytest.raises(RuntimeError, match="not a template error"):
+        encoder.encode(_CHAT_ROW, "row 0")

@@ -15,6 +15,7 @@ import pytest
 import rewardax as rx
 from data_fixtures import smollm2_tokenizer, tiny_llama
 from rewardax.logging import read_metrics
+from rewardax.report import _training_series
 
 ASSETS = resources.files("rewardax") / "assets"
 TRAIN = str(ASSETS / "vader_movie_pairs.train.jsonl")
@@ -52,7 +53,27 @@ def params_of(trainer) -> list[np.ndarray]:
     return [np.asarray(x) for x in jax.tree.leaves(trainer.state.params)]
 
 
-def test_ten_steps_equal_five_then_sigterm_then_resume_bitwise(tokenizer, tmp_path):
+def poison_steps(trainer, calls: set[int]) -> list[list[np.ndarray]]:
+    """Makes the train step see NaN margins at the given calls (1-based): the loss of those steps,
+    and only theirs, is NaN. Returns the host copies of each step's output parameters, taken
+    before the next step donates them."""
+    fns = trainer.configure_functions()
+    outputs: list[list[np.ndarray]] = []
+
+    def step(arrays, batch):
+        if len(outputs) + 1 in calls:
+            margin = batch["margin"]
+            nan = np.full(margin.shape, np.nan, dtype=margin.dtype)
+            batch = {**batch, "margin": jax.device_put(nan, margin.sharding)}
+        new, metrics = fns.train_step(arrays, batch)
+        outputs.append([np.array(x) for x in jax.tree.leaves(new["params"])])
+        return new, metrics
+
+    trainer._functions = fns._replace(train_step=step)
+    return outputs
+
+
+def test_ten_steps_equal_five_then_sigterm_then_resume_bitwise(tokenizer, tmp_path, capsys):
     data = rows(TRAIN, 64)
     straight = rx.RewardTrainer(
         make_config(tmp_path, run_name="straight"),
@@ -89,12 +110,27 @@ def test_ten_steps_equal_five_then_sigterm_then_resume_bitwise(tokenizer, tmp_pa
         model=tiny_llama(tokenizer, seed=123),  # overwritten by the checkpoint
         train_dataset=data,
     )
+    capsys.readouterr()
     result = second.train()
     assert not result.stopped_early
     for a, b in zip(params_of(straight), params_of(second), strict=True):
         np.testing.assert_array_equal(a, b)
-    steps = [r["step"] for r in read_metrics(result.run_dir) if r["split"] == "train"]
+    logged = read_metrics(result.run_dir)
+    steps = [r["step"] for r in logged if r["split"] == "train"]
     assert steps == list(range(1, 11))  # no duplicated or missing step across the resume
+
+    # The rerun says that it resumed, where from, on stderr and in metrics.jsonl.
+    checkpoint = result.run_dir / "checkpoints" / "5"
+    line = f"resuming run split from step 5 ({checkpoint})"
+    assert line in capsys.readouterr().err.splitlines()
+    resumes = [r for r in logged if r["split"] == "resume"]
+    assert [(r["step"], r["run"], r["checkpoint"]) for r in resumes] == [
+        (5, "split", str(checkpoint))
+    ]
+    assert all(r["split"] != "resume" for r in read_metrics(straight.run_dir))  # fresh: none
+    # The training curves pass over it (no loss or accuracy in that row).
+    series = _training_series(logged)
+    assert "resume" not in series["loss"] and len(series["loss"]["train"]) == 10
 
 
 def test_eval_counts_every_pair_once_and_export_matches(tokenizer, tmp_path):
@@ -191,32 +227,71 @@ def test_nan_policy_error_stops_and_keeps_the_clean_checkpoint(tokenizer, tmp_pa
     assert all(np.isfinite(np.asarray(x)).all() for x in jax.tree.leaves(state["params"]))
 
 
-def test_nan_policy_skip_step_counts_and_finishes(tokenizer, tmp_path):
+def test_a_nan_stop_leaves_the_last_good_state_readable(tokenizer, tmp_path):
+    """The step donates its input: after the NonFiniteError trainer.state must hold live arrays
+    (the step's own outputs), equal to the state after the last good step, counter included."""
     trainer = rx.RewardTrainer(
-        make_config(
-            tmp_path,
-            run_name="skip",
-            name="sgd",
-            learning_rate=1e30,
-            max_grad_norm=None,
-            warmup_steps=0,
-            schedule="constant",
-            nan_policy="skip_step",
-            max_training_steps=4,
-        ),
+        make_config(tmp_path, run_name="nan-state", max_training_steps=6),
         tokenizer,
         model=tiny_llama(tokenizer),
         train_dataset=rows(TRAIN, 32),
     )
+    outputs = poison_steps(trainer, calls={3})
+    with pytest.raises(rx.NonFiniteError, match="step 3"):
+        trainer.train()
+    assert len(outputs) == 3
+    last_good = outputs[1]
+    assert any(not np.array_equal(a, b) for a, b in zip(outputs[0], last_good, strict=True))
+    for got, want in zip(params_of(trainer), last_good, strict=True):
+        np.testing.assert_array_equal(got, want)
+    assert int(trainer.state.step) == 2
+    assert all(np.isfinite(np.asarray(x)).all() for x in jax.tree.leaves(trainer.state.opt_state))
+
+
+def test_nan_policy_skip_step_counts_and_finishes(tokenizer, tmp_path):
+    trainer = rx.RewardTrainer(
+        make_config(tmp_path, run_name="skip", nan_policy="skip_step", max_training_steps=6),
+        tokenizer,
+        model=tiny_llama(tokenizer),
+        train_dataset=rows(TRAIN, 32),
+    )
+    outputs = poison_steps(trainer, calls={2, 4})  # two NaN steps, the others clean
     result = trainer.train()
-    assert result.metrics["train"]["skipped_steps"] >= 1
+    assert result.metrics["train"]["skipped_steps"] == 2
+    train_rows = [r for r in read_metrics(result.run_dir) if r["split"] == "train"]
+    assert [r["step"] for r in train_rows if r["nonfinite"]] == [2, 4]
+    assert [r["skipped_steps"] for r in train_rows] == [0, 1, 1, 2, 2, 2]
+    # A skipped step leaves the parameters as they were; a clean one changes them.
+    for skipped in (2, 4):
+        for a, b in zip(outputs[skipped - 2], outputs[skipped - 1], strict=True):
+            np.testing.assert_array_equal(a, b)
+        assert any(
+            not np.array_equal(a, b)
+            for a, b in zip(outputs[skipped - 1], outputs[skipped], strict=True)
+        )
     assert all(np.isfinite(p).all() for p in params_of(trainer))
 
 
-def test_save_final_false_ends_with_the_export_and_no_checkpoint(tokenizer, tmp_path):
+def test_save_final_false_ends_with_the_export_and_no_checkpoint(tokenizer, tmp_path, monkeypatch):
     """save_final=false writes nothing to resume from (save_steps null) and the same model."""
+    import rewardax.trainer
+
+    traces = {"n": 0}
+    make_train_step = rewardax.trainer.make_train_step
+
+    def counting_make_train_step(*args, **kwargs):
+        step = make_train_step(*args, **kwargs)
+
+        def traced(arrays, batch):
+            traces["n"] += 1  # a Python side effect: runs once per trace, i.e. per compilation
+            return step(arrays, batch)
+
+        return traced
+
+    monkeypatch.setattr(rewardax.trainer, "make_train_step", counting_make_train_step)
     results = {}
     for save_final in (True, False):
+        traces["n"] = 0
         trainer = rx.RewardTrainer(
             make_config(
                 tmp_path,
@@ -233,9 +308,8 @@ def test_save_final_false_ends_with_the_export_and_no_checkpoint(tokenizer, tmp_
             p.name for p in (result.run_dir / "checkpoints").glob("*") if p.name.isdigit()
         )
         results[save_final] = (checkpoints, params_of(trainer), result.export_dir)
-        # The summary's shape count is the number of train-step programs compiled.
-        compiled = trainer.configure_functions().train_step._cache_size()
-        assert result.metrics["timing"]["batch_shapes"] == compiled >= 1
+        # The summary's shape count is the number of train-step programs traced (and compiled).
+        assert result.metrics["timing"]["batch_shapes"] == traces["n"] >= 1
     assert results[True][0] == ["3"]
     assert results[False][0] == []
     for a, b in zip(results[True][1], results[False][1], strict=True):

@@ -60,13 +60,16 @@ class RestoreResult:
     """What :meth:`TrainCheckpointer.restore` returns.
 
     Unpacks as ``step, state, extra = result``; ``skipped`` lists newer checkpoints that could not
-    be loaded (already reported with ``warnings.warn``) so the trainer can log them too.
+    be loaded (already reported with ``warnings.warn``) so the trainer can log them too; ``path`` is
+    the step directory that was loaded.
     """
 
     step: int
     state: Any
     extra: dict[str, Any]
     skipped: tuple[SkippedCheckpoint, ...] = ()
+    # The step directory the state was loaded from (it may be another run's, see ResumeTarget).
+    path: Path | None = None
 
     def __iter__(self) -> Iterator[Any]:
         return iter((self.step, self.state, self.extra))
@@ -141,6 +144,74 @@ def _all_processes_agree(ok: bool) -> bool:
 
     flags = multihost_utils.process_allgather(np.asarray(int(ok), dtype=np.int32))
     return bool(np.all(flags))
+
+
+# What a damaged step directory raises on restore (see TrainCheckpointer._try_restore).
+_CORRUPTION_ERRORS = (OSError, ValueError, KeyError)
+
+
+def _is_corruption(exc: BaseException) -> bool:
+    """True when `exc`, or an error it wraps, reports an unreadable or missing file: Orbax
+    re-raises TensorStore's `ValueError: OUT_OF_RANGE: Error reading ...` (a truncated array
+    file) as a bare `Exception` whose cause is that ValueError."""
+    current: BaseException | None = exc
+    for _ in range(4):
+        if current is None:
+            return False
+        if isinstance(current, _CORRUPTION_ERRORS):
+            return True
+        current = current.__cause__ or current.__context__
+    return False
+
+
+def _out_of_memory(exc: BaseException) -> bool:
+    """True for an allocation failure, however Orbax/TensorStore/XLA wrapped it."""
+    current: BaseException | None = exc
+    for _ in range(4):
+        if current is None:
+            return False
+        if isinstance(current, MemoryError) or "RESOURCE_EXHAUSTED" in str(current):
+            return True
+        current = current.__cause__ or current.__context__
+    return False
+
+
+def _key_name(key: Any) -> str | int:
+    """One path entry: a dict key or attribute name (Orbax's metadata tree turns an optax
+    NamedTuple's attributes into dict keys, so both compare equal), or a sequence index."""
+    if hasattr(key, "idx"):
+        return int(key.idx)
+    for attr in ("key", "name"):
+        if hasattr(key, attr):
+            return str(getattr(key, attr))
+    return str(key)
+
+
+def _first_mismatch(stored: Any, abstract: Any) -> str | None:
+    """The first array whose presence, shape or dtype differs between a checkpoint's metadata
+    tree and the abstract state, in words; None when the layouts agree."""
+
+    def layout(tree: Any) -> dict[tuple[str | int, ...], Any]:
+        leaves = jax.tree_util.tree_flatten_with_path(tree)[0]
+        return {tuple(_key_name(k) for k in path): leaf for path, leaf in leaves}
+
+    def name(path: tuple[str | int, ...]) -> str:
+        return "state" + "".join(f"[{part!r}]" for part in path)
+
+    saved, wanted = layout(stored), layout(abstract)
+    for path, want in wanted.items():
+        if path not in saved:
+            return f"{name(path)} is not in the checkpoint"
+        have = saved[path]
+        if tuple(have.shape) != tuple(want.shape) or np.dtype(have.dtype) != np.dtype(want.dtype):
+            return (
+                f"{name(path)} is {np.dtype(have.dtype).name}{list(have.shape)} in the checkpoint "
+                f"and {np.dtype(want.dtype).name}{list(want.shape)} in this run"
+            )
+    for path in saved:
+        if path not in wanted:
+            return f"the checkpoint holds {name(path)}, which this run's state has not"
+    return None
 
 
 class TrainCheckpointer:
@@ -348,9 +419,15 @@ class TrainCheckpointer:
             checkpoints passed over.
 
         Raises:
-            CheckpointError: no checkpoint exists, the requested step is missing or unloadable, or
+            CheckpointError: no checkpoint exists, the requested step is missing or unloadable,
                 none of the checkpoints loads (the reasons are listed; this never falls back to a
-                fresh start).
+                fresh start), or a checkpoint's arrays do not have ``abstract_state``'s structure,
+                shapes and dtypes (the model/optimizer configuration differs from the run that
+                wrote it: the first mismatching array is named, and no older checkpoint is tried,
+                since they were written by the same run).
+
+        Only a missing, truncated or unreadable file, or unreadable metadata, counts as corruption
+        (skipped with a warning); any other error (out of memory, a bug) propagates as it is.
         """
         if isinstance(step, ResumeTarget):
             if step.root.resolve() != self.directory.resolve():
@@ -374,7 +451,7 @@ class TrainCheckpointer:
                     f"step (committed: {available}) or check that the model and optimizer "
                     "configuration match the run that wrote it."
                 )
-            return RestoreResult(step, state, extra)
+            return RestoreResult(step, state, extra, path=self.step_path(step))
 
         if not available:
             raise CheckpointError(f"no checkpoint under {self.directory}")
@@ -382,7 +459,9 @@ class TrainCheckpointer:
         for candidate in reversed(available):
             state, extra, error = self._try_restore(candidate, abstract)
             if error is None:
-                return RestoreResult(candidate, state, extra, tuple(skipped))
+                return RestoreResult(
+                    candidate, state, extra, tuple(skipped), path=self.step_path(candidate)
+                )
             self._bad_steps.add(candidate)
             bad = SkippedCheckpoint(candidate, self.step_path(candidate), error)
             skipped.append(bad)
@@ -401,18 +480,40 @@ class TrainCheckpointer:
     def _try_restore(
         self, step: int, abstract: Any
     ) -> tuple[Any, dict[str, Any] | None, str | None]:
-        """Restores one step; returns (state, extra, None) or (None, None, reason)."""
+        """Restores one step; returns (state, extra, None) or (None, None, why it is corrupt).
+
+        Raises CheckpointError when the stored arrays do not match ``abstract`` (checked on the
+        metadata, before any array is read); lets every error that is not corruption propagate.
+        """
         args = ocp.args.Composite(
             state=ocp.args.StandardRestore(abstract), extra=ocp.args.JsonRestore()
         )
         error: str | None = None
         state = extra = None
         try:
-            restored = self._manager.restore(step, args=args)
-            state, extra = restored["state"], restored["extra"]
-            if not isinstance(extra, dict):
-                error = f"its extra item is a {type(extra).__name__}, not a JSON object"
-        except Exception as exc:  # Orbax/TensorStore raise ValueError, OSError, JSON errors, ...
+            stored = self._manager.item_metadata(step)["state"]
+            if stored is None:
+                error = "its array metadata (state/_METADATA) is missing"
+            elif mismatch := _first_mismatch(stored, abstract):
+                raise CheckpointError(
+                    f"checkpoint step {step} ({self.step_path(step)}) does not fit this run's "
+                    f"state: {mismatch}. The model or optimizer configuration differs from the "
+                    "run that wrote it; resume with that run's configuration, or start a new run "
+                    "(another checkpoint.run_name, or checkpoint.resume=off in a new directory)"
+                )
+            else:
+                restored = self._manager.restore(step, args=args)
+                state, extra = restored["state"], restored["extra"]
+                if not isinstance(extra, dict):
+                    error = f"its extra item is a {type(extra).__name__}, not a JSON object"
+        except CheckpointError:
+            raise
+        except Exception as exc:
+            # Orbax/TensorStore report an unreadable file as OSError or ValueError (JSON errors
+            # included), possibly wrapped, and a missing item as KeyError; TensorStore reports
+            # running out of memory with the same types, which is not corruption.
+            if _out_of_memory(exc) or not _is_corruption(exc):
+                raise
             error = _describe(exc)
         if not _all_processes_agree(error is None):
             error = error or "another process could not load it"

@@ -208,11 +208,7 @@ class MetricsLogger:
         if clash:
             raise ValueError(f"metric names {clash} are reserved in {METRICS_FILE}")
         values = {str(k): _encode(v, str(k)) for k, v in metrics.items()}
-        row = {"step": int(step), "split": prefix, "time": round(time.time(), 3), **values}
-        assert self._file is not None
-        self._file.write(json.dumps(row, allow_nan=False) + "\n")
-        self._file.flush()
-        os.fsync(self._file.fileno())
+        self._write_row(step, prefix, values)
         # Numeric values only for the dashboards (strings other than nan/inf have no scalar plot).
         numbers = {
             k: _NONFINITE[v] if isinstance(v, str) else float(v)
@@ -229,6 +225,26 @@ class MetricsLogger:
             self.update(step, numbers)
         else:
             self._write_line(f"step {int(step)} {prefix}: {_format_fields(numbers, _EVAL_FIELDS)}")
+
+    def event(
+        self, step: int, split: str, message: str, fields: Mapping[str, Any] | None = None
+    ) -> None:
+        """Records something that happened to the run at ``step`` (not a metric): ``message`` on
+        stderr and one ``metrics.jsonl`` row under ``split`` with ``fields`` (strings or numbers).
+
+        The trainer writes ``{"step": 120, "split": "resume", "run": ..., "checkpoint": ...}`` when
+        it resumes. The row has no loss or accuracy, so readers of the curves pass over it, and
+        TensorBoard/W&B get nothing (no scalar to plot).
+        """
+        if not self.enabled:
+            return
+        fields = dict(fields or {})
+        clash = [k for k in _RESERVED if k in fields]
+        if clash:
+            raise ValueError(f"field names {clash} are reserved in {METRICS_FILE}")
+        values = {str(k): _encode(v, str(k)) for k, v in fields.items()}
+        self._write_row(step, split, values)
+        self._write_line(message)
 
     def update(self, step: int, metrics: Mapping[str, Any] | None = None) -> None:
         """Advances the progress display to ``step``: step, loss, accuracy, pairs/s and ETA."""
@@ -286,6 +302,14 @@ class MetricsLogger:
         minutes, secs = divmod(int(max(seconds, 0)), 60)
         hours, minutes = divmod(minutes, 60)
         return f"{hours}:{minutes:02d}:{secs:02d}" if hours else f"{minutes}:{secs:02d}"
+
+    def _write_row(self, step: int, split: str, values: Mapping[str, Any]) -> None:
+        """Appends one metrics.jsonl row, flushed and fsynced (see the module docstring)."""
+        row = {"step": int(step), "split": split, "time": round(time.time(), 3), **values}
+        assert self._file is not None
+        self._file.write(json.dumps(row, allow_nan=False) + "\n")
+        self._file.flush()
+        os.fsync(self._file.fileno())
 
     def _write_line(self, line: str) -> None:
         if self._bar is not None:

@@ -21,6 +21,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import sys
 import tempfile
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
@@ -85,8 +86,22 @@ class ResponseEncoder:
                 head = enc.tokenizer.apply_chat_template(
                     messages[:-1], tools=tools, tokenize=False, add_generation_prompt=True, **kwargs
                 )
-            except Exception:  # jinja errors of many types: then no prompt boundary
+            except _template_errors():
+                # The template refuses a conversation that stops before the assistant turn (its
+                # raise_exception, a name it needs undefined): then there is no prompt boundary,
+                # and keep_end truncation counts the whole sequence as response.
                 head = ""
+            except (TypeError, ValueError, ArithmeticError, LookupError) as err:
+                # Python errors of the template's own expressions on this row's values. Anything
+                # else (a rewardax bug, out of memory) propagates as it is.
+                raise InvalidRow(
+                    "chat_template",
+                    "messages",
+                    "the tokenizer's chat template renders the whole chat but fails on its prompt "
+                    "(the messages before the last, with the generation prompt): "
+                    f"{type(err).__name__}: {err}. Fix the template, or score this row as "
+                    "`input_ids`",
+                ) from None
         common = 0
         while common < min(len(head), len(full)) and head[common] == full[common]:
             common += 1
@@ -166,6 +181,17 @@ class ResponseEncoder:
             "a row to score needs `messages` (chat), `input_ids`, `response` (with an optional "
             f"`prompt`) or `text`; it has {sorted(row)[:8]}",
         )
+
+
+def _template_errors() -> tuple[type[BaseException], ...]:
+    """jinja2's TemplateError (raise_exception in a template, an undefined name, a syntax error).
+
+    Taken from the jinja2 that transformers loaded to render templates: rewardax never imports
+    jinja2 itself (tests/test_security.py; templates run only in transformers' sandbox). If it is
+    not loaded, no template ran, and there is nothing to catch.
+    """
+    module = sys.modules.get("jinja2.exceptions")
+    return (module.TemplateError,) if module is not None else ()
 
 
 def _string(row: dict, name: str) -> str:

@@ -378,6 +378,14 @@ class RewardTrainer:
             progress_bar=cfg.logging.progress_bar,
             resume_step=start_step if start_step > 0 else None,
         )
+        if self._resumed_from is not None:
+            # A rerun that picks a run up must say so, on stderr and in metrics.jsonl.
+            logger.event(
+                start_step,
+                "resume",
+                f"resuming run {self.run_name()} from step {start_step} ({self._resumed_from})",
+                {"run": self.run_name(), "checkpoint": str(self._resumed_from)},
+            )
         final_metrics: dict[str, Any] = {}
         previous_handlers = self._install_signal_handlers()
         stopped_early = False
@@ -404,10 +412,18 @@ class RewardTrainer:
                 batch_shapes.add(tuple((k, v.shape) for k, v in sorted(host_batch.items())))
                 batch = global_batch(_model_inputs(host_batch), self.mesh)
                 arrays, metrics = fns.train_step(arrays, batch)
+                # The step donated the arrays self.state held: it must hold the new ones before
+                # anything below can raise.
+                self.state = self.state.replace_arrays(arrays)
                 metrics = jax.device_get(metrics)
                 step += 1
                 if metrics["nonfinite"]:
                     if cfg.train.nan_policy == "error":
+                        # The step returned parameters and optimizer state unchanged; with its
+                        # counter taken back, self.state is the last good state.
+                        self.state = self.state.replace_arrays(
+                            {**arrays, "step": arrays["step"] - 1}
+                        )
                         raise NonFiniteError(
                             f"step {step}: the loss or the gradients are NaN/Inf (loss="
                             f"{float(metrics['loss'])}, grad_norm={float(metrics['grad_norm'])}); "
@@ -432,7 +448,6 @@ class RewardTrainer:
                     logger.log(step, row, prefix="train")
                     final_metrics["train"] = row
                     window_start, window_pairs, window_tokens = time.perf_counter(), 0.0, 0.0
-                self.state = self.state.replace_arrays(arrays)
                 self._skipped_steps = skipped
                 if cfg.eval.eval_steps and step % cfg.eval.eval_steps == 0 and self.eval_sets:
                     eval_start = time.perf_counter()
@@ -478,6 +493,8 @@ class RewardTrainer:
 
     _skipped_steps = 0
     _save_seconds = 0.0
+    # The step directory the last train() resumed from (None: a fresh start).
+    _resumed_from: Path | None = None
 
     def _stop_requested(self) -> bool:
         """True once a stop signal arrived, on every process at the same step: a scheduler signals
@@ -619,9 +636,11 @@ class RewardTrainer:
                 "another checkpoint.run_name (or save_directory), delete that folder, or resume "
                 "(checkpoint.resume=auto)"
             )
+        self._resumed_from = None
         restored = ckpt.resume(self.config.checkpoint.resume, abstract)
         if restored is None:
             return 0
+        self._resumed_from = restored.path
         step, arrays, extra = restored
         self.state = self.state.replace_arrays(arrays)
         data_state = extra["data_state"]
