@@ -27,10 +27,11 @@ from rewardax import distributed, hostmem
 from rewardax.checkpoint import CHECKPOINT_SUBDIR, TrainCheckpointer
 from rewardax.config import ModelSection, RewardConfig
 from rewardax.errors import CheckpointError, ConfigError, NonFiniteError
-from rewardax.evaluation import preference_metrics, reward_normalization
+from rewardax.evaluation import reward_normalization
 from rewardax.logging import MetricsLogger
 from rewardax.models import AutoRewardModel, RewardModel, smollm2_gguf_path
 from rewardax.optim import build_optimizer, build_schedule, constant_rate
+from rewardax.pair_scoring import PairScorer
 from rewardax.sharding import (
     batch_sharding,
     global_batch,
@@ -493,6 +494,7 @@ class RewardTrainer:
 
     _skipped_steps = 0
     _save_seconds = 0.0
+    _scorer: PairScorer | None = None
     # The step directory the last train() resumed from (None: a fresh start).
     _resumed_from: Path | None = None
 
@@ -542,59 +544,21 @@ class RewardTrainer:
         sets = self._named_eval_sets(eval_dataset) if eval_dataset is not None else self.eval_sets
         if not sets:
             raise ConfigError("evaluate() needs an eval_dataset (here or in the constructor)")
-        fns = self.configure_functions()
-        arrays = self.state.arrays()
+        if self._scorer is None:  # one compiled eval step per batch shape, for the whole run
+            self._scorer = PairScorer(
+                self.state.graphdef,
+                mesh=self.mesh,
+                tokenizer=self.tokenizer,
+                data_config=self.config.data,
+                batch_size=self.config.train.per_device_eval_batch_size * self.data_parallel_size,
+            )
+        arrays = {"params": self.state.params, "rest": self.state.rest}
         results, self._last_rewards = {}, {}
-        batch_size = self.config.train.per_device_eval_batch_size * self.data_parallel_size
-        local_batch_size = batch_size // self.process_count  # each process reads its own rows
-        mine = distributed.local_row_indices(batch_sharding(self.mesh), batch_size)
         for name, source in sets.items():
-            parts: dict[str, list[np.ndarray]] = {k: [] for k in (*_EVAL_FIELDS, "pair_mask")}
-            stats = rdata.LoaderStats()
-            batches = rdata.iterate_eval_batches(
-                source,
-                self.tokenizer,
-                self.config.data,
-                batch_size=local_batch_size,
-                process_index=self.process_index,
-                process_count=self.process_count,
-                stats=stats,
-            )
-            pad_id = rdata.pad_token_id(self.tokenizer)
-            for host_batch in distributed.lockstep(batches, local_batch_size, pad_id):
-                batch = global_batch(_model_inputs(host_batch), self.mesh)
-                # The outputs are replicated: keep the rows this process supplied.
-                out = jax.device_get(fns.eval_step(arrays, batch))
-                lengths = np.asarray(host_batch["attention_mask"]).sum(-1)
-                parts["pair_mask"].append(np.asarray(host_batch["pair_mask"]))
-                parts["row_index"].append(np.asarray(host_batch["row_index"]))
-                parts["chosen"].append(np.asarray(out["chosen"])[mine])
-                parts["rejected"].append(np.asarray(out["rejected"])[mine])
-                parts["margin"].append(np.asarray(host_batch["margin"]))
-                parts["chosen_lengths"].append(lengths[:, 0])
-                parts["rejected_lengths"].append(lengths[:, 1])
-            # Every process ran the same steps, so the parts line up: gather them all.
-            gathered = {
-                k: distributed.allgather(np.concatenate(v)).reshape(-1) for k, v in parts.items()
-            }
-            real = gathered.pop("pair_mask") > 0
-            # Batches are grouped by length; put the pairs back in the order of the source rows.
-            order = np.argsort(gathered["row_index"][real], kind="stable")
-            rewards = {k: v[real][order] for k, v in gathered.items()}
+            rewards = self._scorer(arrays, source)
             self._last_rewards[name] = rewards
-            results[name] = preference_metrics(
-                rewards["chosen"],
-                rewards["rejected"],
-                margin=rewards["margin"],
-                chosen_lengths=rewards["chosen_lengths"],
-                rejected_lengths=rewards["rejected_lengths"],
-            )
-            # Pairs cut to data.max_sequence_length by the run's truncation_mode, and rows left
-            # out (truncation_mode=filter, or on_invalid=skip), over all processes.
-            results[name]["num_truncated"] = round(distributed.process_sum(stats.truncated))
-            results[name]["num_dropped"] = round(
-                distributed.process_sum(sum(stats.dropped.values()))
-            )
+            # With the pairs cut to data.max_sequence_length and the rows left out, counted.
+            results[name] = rewards.metrics()
         return results
 
     def _evaluate_and_log(self, logger: MetricsLogger, step: int) -> dict:
@@ -680,14 +644,6 @@ class RewardTrainer:
             signal.signal(sig, handler)
 
 
-_EVAL_FIELDS = (
-    "row_index",
-    "chosen",
-    "rejected",
-    "margin",
-    "chosen_lengths",
-    "rejected_lengths",
-)
 _MODEL_KEYS = ("input_ids", "attention_mask", "reward_index", "margin", "pair_mask")
 
 
