@@ -1,17 +1,24 @@
 """Reward-model losses and metrics: pure functions of per-pair rewards.
 
 Shapes: B is the number of pairs in a batch (padding pairs included, flagged by `pair_mask`).
-Per-pair functions return `[B]` float32 values; the reduction over pairs happens in one place,
-`masked_mean` (or the sum/finish pair used for gradient accumulation), so that padding pairs never
-count and a sharded batch is averaged per example over all devices, not per device.
+Per-pair functions return `[B]` float32 values. The training objective is reduced in one place:
+`reward_metric_sums` (sums over the real pairs of a microbatch, additive across microbatches and
+devices) and `metrics_from_sums` (divides once by the number of real pairs), so that padding pairs
+never count and a sharded or accumulated batch is averaged per example over the whole batch.
+`masked_mean` is the same reduction for a single batch of any per-row loss (the listwise, tie and
+pointwise losses of `rewardax.ranking_losses`), and `combine_objectives` sums several reduced
+objectives with named weights.
 """
 
 from __future__ import annotations
 
+import math
+from collections.abc import Mapping
+
 import jax
 import jax.numpy as jnp
 
-from rewardax.errors import DataError
+from rewardax.errors import ConfigError, DataError
 
 Array = jax.Array
 
@@ -147,7 +154,10 @@ def reward_metric_sums(
 def metrics_from_sums(sums: dict[str, Array]) -> dict[str, Array]:
     """Means over the real pairs from `reward_metric_sums` (summed over microbatches).
 
-    reward_std is the population std over all 2·n real rewards, from E[r²] − E[r]² (clamped at 0).
+    reward_std is the population std over all 2·n real rewards, from E[r²] − E[r]² (clamped at 0):
+    of the usual formulas it is the one whose parts (Σr, Σr²) add across microbatches and devices.
+    In float32 it loses precision when |mean reward| ≫ std (relative error of the variance about
+    2⁻²⁴ · mean² / std²); a two-pass form would need the whole batch's mean before any sum.
     """
     n = jnp.maximum(sums["num_pairs"], 1.0)
     mean_reward = (sums["chosen_reward"] + sums["rejected_reward"]) / (2.0 * n)
@@ -163,43 +173,48 @@ def metrics_from_sums(sums: dict[str, Array]) -> dict[str, Array]:
     }
 
 
-def reward_loss_and_metrics(
-    chosen_rewards: Array,
-    rejected_rewards: Array,
-    margin: Array | None,
-    pair_mask: Array,
-    center_coefficient: float | None = None,
-) -> tuple[Array, dict[str, Array]]:
-    """The training objective of one batch and its metrics, over the real pairs only.
+def combine_objectives(
+    objective_losses: Mapping[str, Array], weights: Mapping[str, float]
+) -> Array:
+    """Weighted sum `Σ_k w_k · L_k` of several reduced objectives, matched by name.
 
-    loss = masked_mean(bradley_terry_loss) + c · masked_mean(centering_penalty).
+    Linear scalarisation of a multi-objective reward model (one head per named objective, e.g.
+    HelpSteer's helpfulness, correctness, coherence; Wang et al. 2023, "HelpSteer: Multi-attribute
+    Helpfulness Dataset for SteerLM", arXiv:2311.09528). The sum is linear, so combining the
+    per-objective sums of `reward_metric_sums`-style accumulation and dividing once is exact too.
 
     Args:
-      chosen_rewards, rejected_rewards: [B] rewards.
-      margin: [B] or None.
-      pair_mask: [B] 1.0 for real pairs, 0.0 for padding pairs.
-      center_coefficient: c, or None to leave the centering term out.
+      objective_losses: name -> scalar loss (already reduced over rows).
+      weights: name -> finite weight ≥ 0; exactly the names of `objective_losses`.
 
     Returns:
-      (loss scalar float32, metrics) with scalar metrics loss, accuracy (ties ½), margin (mean
-      r_c − r_r), chosen_reward, rejected_reward (means), reward_std (over all 2·n real rewards)
-      and num_pairs.
+      scalar float32. Example: {"helpful": 0.5, "safe": 2.0} with weights {"helpful": 1.0,
+      "safe": 0.25} -> 1.0 · 0.5 + 0.25 · 2.0 = 1.0.
+
+    Raises:
+      ConfigError: a name has a loss but no weight or a weight but no loss (a silently dropped
+        objective would train a head nothing supervises), or a weight is negative or not finite.
     """
-    chosen, rejected = _pair(chosen_rewards, rejected_rewards)
-    mask = _as_pair_vector(pair_mask, "pair_mask", chosen.shape)
-    loss = masked_mean(bradley_terry_loss(chosen, rejected, margin), mask)
-    if center_coefficient is not None:
-        loss = loss + center_coefficient * masked_mean(centering_penalty(chosen, rejected), mask)
-    mean_reward = (masked_mean(chosen, mask) + masked_mean(rejected, mask)) / 2.0
-    # Two-pass variance (deviations from the mean) avoids E[r²] − E[r]² cancellation.
-    deviation = (jnp.square(chosen - mean_reward) + jnp.square(rejected - mean_reward)) / 2.0
-    metrics = {
-        "loss": loss,
-        "accuracy": masked_mean(pairwise_accuracy(chosen, rejected), mask),
-        "margin": masked_mean(chosen - rejected, mask),
-        "chosen_reward": masked_mean(chosen, mask),
-        "rejected_reward": masked_mean(rejected, mask),
-        "reward_std": jnp.sqrt(masked_mean(deviation, mask)),
-        "num_pairs": jnp.sum((mask > 0).astype(jnp.float32)),
-    }
-    return loss, metrics
+    missing = sorted(set(objective_losses) - set(weights))
+    unknown = sorted(set(weights) - set(objective_losses))
+    if missing or unknown:
+        raise ConfigError(
+            f"objective weights must name exactly the objectives {sorted(objective_losses)}: "
+            f"no weight for {missing}, weight without an objective for {unknown}"
+        )
+    if not objective_losses:
+        raise ConfigError("combine_objectives needs at least one objective")
+    total = jnp.zeros((), jnp.float32)
+    for name in sorted(objective_losses):  # sorted: the same float sum order on every process
+        weight = float(weights[name])
+        if not math.isfinite(weight) or weight < 0:
+            raise ConfigError(f"objective weight {name}={weight} must be finite and ≥ 0")
+        loss = jnp.asarray(objective_losses[name])
+        if loss.ndim != 0:
+            raise DataError(
+                f"objective {name!r} has shape {loss.shape}; reduce it to a scalar first "
+                "(masked_mean over its rows)"
+            )
+        # float32: an objective may come out of a bfloat16 head; adding in bfloat16 would round it.
+        total = total + weight * loss.astype(jnp.float32)
+    return total
