@@ -1,4 +1,4 @@
-"""rewardax.retain_freed_memory(): SmolLM2-135M training-step time with and without it.
+"""rewardax.hostmem.retain_freed_memory(): SmolLM2-135M training-step time with and without it.
 
     .venv/bin/python benchmarks/bench_host_memory.py [--rounds 2] [--steps 5]
 
@@ -25,9 +25,9 @@ import time
 
 
 def child(steps: int) -> dict:
-    import rewardax as rx
+    from rewardax import hostmem
 
-    applied = rx.retain_freed_memory()
+    applied = hostmem.retain_freed_memory()
     import jax
 
     from recipe_step import recipe_step
@@ -48,7 +48,7 @@ def child(steps: int) -> dict:
         after = resource.getrusage(resource.RUSAGE_SELF)
     return {
         "applied": applied,
-        "status": rx.hostmem.status(),
+        "status": hostmem.status(),
         "first_step_s": first_s,  # compilation + one step
         "times": times,
         "minflt_per_step": (after.ru_minflt - before.ru_minflt) / steps,

@@ -25,6 +25,7 @@ import jax
 import jax.monitoring
 
 import rewardax as rx
+from rewardax import hostmem
 from rewardax.models import smollm2_gguf_path
 
 # The events JAX records around the stages of making a program (jax/_src/dispatch.py).
@@ -68,7 +69,7 @@ def main() -> None:
     train_path = args.train or str(assets / "vader_movie_pairs.train.jsonl")
     heldout = {"heldout": str(assets / "vader_movie_pairs.heldout.jsonl")}
     # Before the model load starts JAX's CPU backend; `rewardax train` does the same.
-    rx.retain_freed_memory()
+    hostmem.retain_freed_memory()
     t0 = time.perf_counter()
     tokenizer = rx.load_tokenizer(smollm2_gguf_path())
     head_seed = 0 if args.seed is None else args.seed
@@ -120,7 +121,7 @@ def main() -> None:
         json.dumps(
             {
                 "devices": str(jax.devices()),
-                "host_memory": rx.hostmem.status(),
+                "host_memory": hostmem.status(),
                 "dtype": args.dtype,
                 "matmul_dtype": args.matmul_dtype,
                 "layout": args.layout,

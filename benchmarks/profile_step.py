@@ -27,6 +27,7 @@ import tempfile
 import time
 
 import rewardax as rx
+from rewardax import hostmem
 
 # The ThunkExecutor events enclose the ops they run; only the ops themselves are summed.
 _ENCLOSING = ("ThunkExecutor::Execute", "SlinkyThreadPool::Await")
@@ -43,7 +44,7 @@ def main() -> None:
     args = parser.parse_args()
     want = tuple(int(x) for x in args.shape.split("x"))
 
-    rx.retain_freed_memory()  # before JAX starts its CPU backend
+    hostmem.retain_freed_memory()  # before JAX starts its CPU backend
     import jax
 
     from recipe_step import recipe_step

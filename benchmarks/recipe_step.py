@@ -2,7 +2,7 @@
 
 SmolLM2-135M-Instruct (bf16 projection matmuls), batch 8, shared_prompt rows of 128 or 192 tokens,
 AdamW 2e-5 with 5 warmup steps and linear decay, on the bundled VADER train split. A caller that
-wants `rx.retain_freed_memory()` applies it before calling `recipe_step`, which starts JAX.
+wants `rewardax.hostmem.retain_freed_memory()` applies it before calling `recipe_step`, which starts JAX.
 """
 
 from __future__ import annotations

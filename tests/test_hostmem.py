@@ -1,5 +1,6 @@
-"""rewardax.hostmem: freed host memory is kept for the next step (fewer page faults), and the
-settings refuse to apply where they cannot or should not."""
+"""rewardax.hostmem: freed host memory is kept for the next step (fewer page faults), the settings
+refuse to apply where they cannot or should not, and only the `rewardax` command applies them
+without being asked (the library leaves the embedding program's malloc alone)."""
 
 from __future__ import annotations
 
@@ -7,18 +8,25 @@ import json
 import os
 import subprocess
 import sys
+from importlib import resources
+from pathlib import Path
 
 import jax.numpy as jnp
 import pytest
 
+from data_fixtures import smollm2_tokenizer, tiny_llama
 from rewardax import hostmem
+
+TINY = Path(__file__).resolve().parents[1] / "src" / "rewardax" / "configs" / "tiny.yaml"
+RX = Path(sys.executable).parent / "rewardax"
+TRAIN = resources.files("rewardax") / "assets" / "vader_movie_pairs.train.jsonl"
 
 # A jitted function whose 64 MiB intermediate (h) lives in XLA's per-call scratch buffer: above
 # glibc's 32 MiB mmap ceiling, so by default each call maps it afresh and faults it in again.
 _CHILD = r"""
 import json, resource, sys
-import rewardax
-applied = rewardax.retain_freed_memory()
+from rewardax import hostmem
+applied = hostmem.retain_freed_memory()
 import jax, jax.numpy as jnp
 x = jnp.ones((4096, 256), jnp.float32)
 w1 = jnp.ones((256, 4096), jnp.float32) / 256
@@ -35,7 +43,7 @@ with open("/proc/self/smaps_rollup") as f:
     for line in f:
         if line.startswith("AnonHugePages:"):
             huge_kib = int(line.split()[1])
-print(json.dumps({"applied": applied, "status": rewardax.hostmem.status(),
+print(json.dumps({"applied": applied, "status": hostmem.status(),
                   "faults_per_call": faults, "value": value, "huge_kib": huge_kib}))
 """
 
@@ -106,3 +114,70 @@ def test_refuses_when_jax_runs_on_an_accelerator(monkeypatch):
     monkeypatch.setenv(hostmem.ENV_SWITCH, "1")
     assert hostmem.retain_freed_memory() is False
     assert hostmem.status() == "JAX runs on an accelerator (JAX_PLATFORMS=cuda,cpu)"
+
+
+# Builds a RewardTrainer (which starts JAX's CPU backend) from a config naming a model directory,
+# then says what became of malloc. Nothing JAX-related runs before the constructor, so a trainer
+# that still called retain_freed_memory() would get "applied" here.
+_TRAINER_CHILD = r"""
+import json, sys
+import rewardax as rx
+from rewardax import hostmem
+model_dir, train, tiny = sys.argv[1:4]
+config = rx.RewardConfig.from_yaml(tiny, [f"model.path={model_dir}", "checkpoint.save_directory=" + sys.argv[4]])
+trainer = rx.RewardTrainer(config, rx.load_tokenizer(model_dir), train_dataset=train)
+print(json.dumps({"status": hostmem.status(), "backend_started": hostmem._backend_started()}))
+"""
+
+
+@pytest.fixture(scope="module")
+def tiny_model_dir(tmp_path_factory):
+    tokenizer = smollm2_tokenizer()
+    path = tmp_path_factory.mktemp("hostmem") / "tiny-model"
+    tiny_llama(tokenizer).save_pretrained(path, tokenizer=tokenizer)
+    return path
+
+
+@pytest.mark.skipif(
+    not sys.platform.startswith("linux"), reason="the settings are glibc's (Linux only)"
+)
+def test_only_the_command_changes_malloc(tiny_model_dir, tmp_path):
+    env = {**os.environ, hostmem.ENV_SWITCH: "1", "JAX_PLATFORMS": "cpu"}
+    train = tmp_path / "train.jsonl"
+    train.write_text("".join(TRAIN.read_text().splitlines(keepends=True)[:16]))
+    args = [str(tiny_model_dir), str(train), str(TINY), str(tmp_path / "lib-runs")]
+    library = subprocess.run(
+        [sys.executable, "-c", _TRAINER_CHILD, *args],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert library.returncode == 0, library.stderr[-2000:]
+    child = json.loads(library.stdout.strip().splitlines()[-1])
+    assert child["backend_started"] is True  # the constructor started JAX: it had its chance
+    assert child["status"] == "not requested yet"
+
+    runs = tmp_path / "cli-runs"
+    command = subprocess.run(
+        [
+            str(RX),
+            "train",
+            "--config",
+            str(TINY),
+            "--train",
+            str(train),
+            f"--model.path={tiny_model_dir}",
+            f"--checkpoint.save_directory={runs}",
+            "--checkpoint.run_name=run",
+            "--train.max_training_steps=1",
+            "--no-report",
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert command.returncode == 0, command.stderr[-3000:]
+    summary = json.loads((runs / "run" / "summary.json").read_text())
+    assert summary["host_memory"].startswith("applied; "), summary["host_memory"]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import math
 
 import jax.numpy as jnp
 import numpy as np
@@ -57,3 +58,30 @@ def test_smollm2_gguf_matches_transformers_gguf_loader():
     with torch.no_grad():
         expected = ref.model(input_ids=torch.tensor([ids])).last_hidden_state[0].numpy()
     np.testing.assert_allclose(np.asarray(got), expected, atol=1e-3, rtol=0)
+
+
+@needs_smollm2
+def test_gguf_goes_through_the_same_assembly_with_the_callers_options(monkeypatch):
+    from rewardax.models import ModelOptions, auto
+
+    calls = []
+    real = auto.assemble_model
+
+    def record(config, read_tensor, available, options, *, source):
+        calls.append((options, source, "score.weight" in available))
+        return real(config, read_tensor, available, options, source=source)
+
+    monkeypatch.setattr(auto, "assemble_model", record)
+    path = smollm2_gguf_path()
+    model = AutoRewardModel.from_pretrained(path, param_dtype="bfloat16", num_labels=2, seed=4)
+    options = ModelOptions(param_dtype="bfloat16", num_labels=2, seed=4)
+    assert calls == [(options, str(path), False)]  # a GGUF has no head: a new one is made
+    assert model.config.num_labels == 2 and model.score.kernel[...].shape == (576, 2)
+    assert model.param_dtype == jnp.bfloat16 and model.dtype == jnp.float32
+    # The new head is drawn from the seed alone, as for a causal-LM directory.
+    import jax
+
+    expected = (1.0 / math.sqrt(577)) * jax.random.normal(jax.random.key(4), (576, 2))
+    np.testing.assert_array_equal(
+        np.asarray(model.score.kernel[...]), np.asarray(expected.astype(jnp.bfloat16))
+    )

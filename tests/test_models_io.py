@@ -207,3 +207,71 @@ def test_export_pads_with_a_token_other_than_eos_so_transformers_reads_the_right
     with torch.no_grad():
         trapped = hf(input_ids=torch.tensor(eos_ids)).logits.numpy()
     assert np.abs(trapped - _ours(model, rows)).max() > 1e-2
+
+
+def _recording_assembly(monkeypatch):
+    """Every call of models.loading.assemble_model made by AutoRewardModel: (options, source)."""
+    from rewardax.models import auto
+
+    calls = []
+    real = auto.assemble_model
+
+    def record(config, read_tensor, available, options, *, source):
+        calls.append((options, source))
+        return real(config, read_tensor, available, options, source=source)
+
+    monkeypatch.setattr(auto, "assemble_model", record)
+    return calls
+
+
+def test_keywords_and_options_build_the_same_model_through_one_assembly(seq_cls_dir, monkeypatch):
+    from rewardax.models import ModelOptions
+
+    calls = _recording_assembly(monkeypatch)
+    keywords = {
+        "dtype": "bfloat16",
+        "param_dtype": "float32",
+        "matmul_dtype": "bfloat16",
+        "remat_policy": "full",
+        "dropout_rate": 0.1,
+        "kernels": "xla",
+        "seed": 5,
+    }
+    by_keywords = AutoRewardModel.from_pretrained(seq_cls_dir, **keywords)
+    options = ModelOptions(**keywords)
+    by_options = AutoRewardModel.load(seq_cls_dir / "config.json", options)
+    assert calls == [(options, str(seq_cls_dir))] * 2
+    # Each option reached the model.
+    assert by_options.dtype == jnp.bfloat16 and by_options.param_dtype == jnp.float32
+    assert by_options.matmul_dtype == jnp.bfloat16 and by_options.kernels == "xla"
+    assert by_options.model.remat_policy == "full" and by_options.model.dropout_rate == 0.1
+    rows = random_rows(4, [5, 7])
+    np.testing.assert_array_equal(_ours(by_keywords, rows), _ours(by_options, rows))
+
+
+def test_options_from_a_run_config_carry_every_model_setting():
+    import dataclasses
+
+    from rewardax.config import ModelSection
+    from rewardax.models import ModelOptions
+
+    # One field each, besides where the model comes from (path) and the run's seed.
+    section_fields = {f.name for f in dataclasses.fields(ModelSection)} - {"path"}
+    assert {f.name for f in dataclasses.fields(ModelOptions)} == section_fields | {"seed"}
+    section = ModelSection(
+        dtype="bfloat16",
+        param_dtype="bfloat16",
+        matmul_dtype="bfloat16",
+        remat_policy="full",
+        dropout_rate=0.2,
+        num_labels=3,
+        kernels="cpu",
+    )
+    options = ModelOptions.from_section(section, seed=7)
+    assert {n: getattr(options, n) for n in section_fields} == {
+        n: getattr(section, n) for n in section_fields
+    }
+    assert options.seed == 7
+    scoring = options.for_inference()
+    assert (scoring.dropout_rate, scoring.remat_policy) == (0.0, "none")
+    assert scoring.replace(dropout_rate=0.2, remat_policy="full") == options

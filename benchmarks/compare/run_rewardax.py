@@ -44,8 +44,9 @@ def train(result: Result, args) -> None:
     from transformers import PreTrainedTokenizerFast
 
     import rewardax as rx
+    from rewardax import hostmem
 
-    rx.retain_freed_memory()  # before the model below starts JAX's CPU backend
+    hostmem.retain_freed_memory()  # before the model below starts JAX's CPU backend
     result.version = rx.__version__
     n_steps = args.warmup + args.steps
     meta, rows = read_workload(args.workload_dir, n_steps * BATCH_PAIRS)

@@ -18,7 +18,7 @@ from flax import nnx
 from rewardax.checkpoint import TrainCheckpointer, resolve_resume
 from rewardax.config import RewardConfig
 from rewardax.errors import CheckpointError, ModelLoadError
-from rewardax.models import ModelConfig, RewardModel, load_tokenizer
+from rewardax.models import ModelConfig, ModelOptions, RewardModel, load_tokenizer
 from rewardax.optim import build_optimizer, constant_rate
 from rewardax.state import RewardState
 
@@ -62,16 +62,13 @@ def load_checkpoint_model(checkpoint: str | os.PathLike) -> tuple[RewardModel, i
         extra = _read_extra(ckpt.step_path(step))
         config = RewardConfig.from_dict(extra["config"], source=f"checkpoint {step} config")
         model_config = ModelConfig.from_hf_dict(extra["model_config"])
-        section = config.model
+        # The run's model settings; the head is as wide as the checkpoint's architecture says.
+        options = ModelOptions.from_section(config.model).replace(
+            num_labels=model_config.num_labels
+        )
 
         def build_model() -> RewardModel:
-            return RewardModel(
-                model_config,
-                dtype=section.dtype,
-                param_dtype=section.param_dtype,
-                remat_policy=section.remat_policy,
-                rngs=nnx.Rngs(0),
-            )
+            return options.build(model_config)
 
         optimizer = build_optimizer(constant_rate(config.optim), 1)  # for its state layout
         # Shapes only: no parameter is initialised just to be overwritten.

@@ -19,11 +19,13 @@ steps miss the TLB less (`benchmarks/bench_quality.py` in turn with REWARDAX_HUG
 process starts.
 
 The settings are process-wide and must be made before JAX starts its CPU backend: XLA's worker
-threads take their malloc arena when they start, and a thread that has one keeps it. The
-`rewardax` command applies them first thing; Python users call `retain_freed_memory()` before
-their first JAX computation (the trainer calls it too, which helps only if nothing ran before).
-Set REWARDAX_RETAIN_HOST_MEMORY=0 to leave malloc alone, REWARDAX_HUGE_PAGES=0 to keep the
-settings but not the huge-page range.
+threads take their malloc arena when they start, and a thread that has one keeps it. They are a
+setting of the CPU launcher, not of the library: the `rewardax` command applies them first thing,
+and nothing else does. `import rewardax`, `RewardTrainer` and the models leave the host's malloc
+as they found it (it is the embedding program's, which may be a server or a notebook). A Python
+program that wants them opts in with `rewardax.hostmem.retain_freed_memory()` before its first
+JAX computation. Set REWARDAX_RETAIN_HOST_MEMORY=0 to keep the `rewardax` command from changing
+malloc, REWARDAX_HUGE_PAGES=0 to keep the settings but not the huge-page range.
 """
 
 from __future__ import annotations
@@ -81,7 +83,15 @@ def _accelerator_expected() -> str | None:
 def retain_freed_memory() -> bool:
     """Applies the malloc settings of the module docstring, once; True if they are in effect.
 
-    Does nothing (returns False, reason in `status()`) when switched off by
+    An opt-in CPU launcher setting: the `rewardax` command calls it before anything else; a Python
+    program that wants the same calls it itself, first thing, e.g.
+
+        from rewardax import hostmem
+        hostmem.retain_freed_memory()  # before the first JAX computation
+        import rewardax as rx  # ... then train as usual
+
+    The whole process keeps its peak heap until it exits, so call it only where the process is a
+    training job. Does nothing (returns False, reason in `status()`) when switched off by
     REWARDAX_RETAIN_HOST_MEMORY=0, when the C library is not glibc, when JAX is set to run on an
     accelerator (its device memory is not malloc's), or when a JAX backend already started.
     """
@@ -100,8 +110,8 @@ def retain_freed_memory() -> bool:
         return False
     if _backend_started():
         _status = (
-            "a JAX backend had already started; call rewardax.retain_freed_memory() before the "
-            "first JAX computation"
+            "a JAX backend had already started; call rewardax.hostmem.retain_freed_memory() "
+            "before the first JAX computation"
         )
         return False
     libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")

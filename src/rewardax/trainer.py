@@ -29,7 +29,7 @@ from rewardax.config import ModelSection, RewardConfig
 from rewardax.errors import CheckpointError, ConfigError, NonFiniteError
 from rewardax.evaluation import reward_normalization
 from rewardax.logging import MetricsLogger
-from rewardax.models import AutoRewardModel, RewardModel, smollm2_gguf_path
+from rewardax.models import AutoRewardModel, ModelOptions, RewardModel, smollm2_gguf_path
 from rewardax.optim import build_optimizer, build_schedule, constant_rate
 from rewardax.pair_scoring import PairScorer
 from rewardax.sharding import (
@@ -140,8 +140,6 @@ class RewardTrainer:
                 "its own loader (length-grouped, resumable). Pass data_collator=None, or use "
                 "trainer.create_tfds_collect_function(...) with your own loop"
             )
-        # Before anything starts JAX's CPU backend, or it cannot apply (see rewardax.hostmem).
-        hostmem.retain_freed_memory()
         # Multi-process jobs join jax.distributed here, before the first device query (a no-op
         # when already initialized or when nothing asks for several processes).
         distributed.initialize(arguments)
@@ -245,17 +243,8 @@ class RewardTrainer:
             _check_model_section(cfg.model, given)
         if model is None:
             path = cfg.model.path or smollm2_gguf_path()
-            model = AutoRewardModel.from_pretrained(
-                path,
-                dtype=cfg.model.dtype,
-                param_dtype=cfg.model.param_dtype,
-                matmul_dtype=cfg.model.matmul_dtype,
-                num_labels=cfg.model.num_labels,
-                remat_policy=cfg.model.remat_policy,
-                dropout_rate=cfg.model.dropout_rate,
-                kernels=cfg.model.kernels,
-                seed=cfg.train.seed,
-            )
+            options = ModelOptions.from_section(cfg.model, seed=cfg.train.seed)
+            model = AutoRewardModel.load(path, options)
         if isinstance(model, RewardState):
             state = model
         else:

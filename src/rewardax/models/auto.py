@@ -1,14 +1,24 @@
-"""AutoRewardModel: one entry point for Hugging Face directories and GGUF files."""
+"""AutoRewardModel: one entry point for Hugging Face directories and GGUF files.
+
+The path picks a format reader (`models.hf`, `models.gguf`); every format then goes through the
+same `models.loading.assemble_model` with one `ModelOptions`.
+"""
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from rewardax.errors import ModelLoadError
 from rewardax.hub import resolve_model_path
-from rewardax.models.gguf import load_gguf, smollm2_gguf_path
-from rewardax.models.hf import conversion_command, load_hf_directory
+from rewardax.models.config import ModelConfig
+from rewardax.models.gguf import open_gguf, smollm2_gguf_path
+from rewardax.models.hf import conversion_command, open_hf_directory
+from rewardax.models.loading import ModelOptions, assemble_model
 from rewardax.models.reward import RewardModel
 
 _PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl", ".pickle")
@@ -50,31 +60,49 @@ class AutoRewardModel:
             (offline) or not found, unknown architectures, tensor shape mismatches,
             ``num_labels`` mismatch.
         """
+        options = ModelOptions(
+            dtype=dtype,
+            param_dtype=param_dtype,
+            num_labels=num_labels,
+            remat_policy=remat_policy,
+            dropout_rate=dropout_rate,
+            seed=seed,
+            matmul_dtype=matmul_dtype,
+            kernels=kernels,
+        )
+        return AutoRewardModel.load(path, options)
+
+    @staticmethod
+    def load(path: str | Path, options: ModelOptions) -> RewardModel:
+        """:meth:`from_pretrained` with its settings in one :class:`ModelOptions`: what callers
+        holding a run config use (``ModelOptions.from_section(config.model, seed=...)``)."""
         path = resolve_model_path(path)
-        kwargs: dict[str, Any] = {
-            "dtype": dtype,
-            "param_dtype": param_dtype,
-            "num_labels": num_labels,
-            "remat_policy": remat_policy,
-            "dropout_rate": dropout_rate,
-            "seed": seed,
-            "matmul_dtype": matmul_dtype,
-            "kernels": kernels,
-        }
-        if path.is_file():
-            if path.suffix == ".gguf":
-                return load_gguf(path, **kwargs)
-            if path.suffix in _PICKLE_SUFFIXES:
-                raise ModelLoadError(
-                    f"{path} is a PyTorch pickle checkpoint; rewardax does not unpickle. Convert "
-                    f"once with: {conversion_command(path.parent)}"
-                )
-            if path.name == "config.json" or path.suffix == ".safetensors":
-                return load_hf_directory(path.parent, **kwargs)
+        with _open_tensors(path) as (config, read_tensor, available, source):
+            return assemble_model(config, read_tensor, available, options, source=source)
+
+
+@contextmanager
+def _open_tensors(
+    path: Path,
+) -> Iterator[tuple[ModelConfig, Callable[[str], np.ndarray], set[str], str]]:
+    """The format reader's (config, read_tensor, available) for `path`, and the name errors use."""
+    if path.is_file():
+        if path.suffix == ".gguf":
+            with open_gguf(path) as found:
+                yield (*found, str(path))
+            return
+        if path.suffix in _PICKLE_SUFFIXES:
+            raise ModelLoadError(
+                f"{path} is a PyTorch pickle checkpoint; rewardax does not unpickle. Convert "
+                f"once with: {conversion_command(path.parent)}"
+            )
+        if path.name != "config.json" and path.suffix != ".safetensors":
             raise ModelLoadError(
                 f"{path}: unknown model file type; pass a Hugging Face directory or a .gguf file."
             )
-        return load_hf_directory(path, **kwargs)
+        path = path.parent
+    with open_hf_directory(path) as found:
+        yield (*found, str(path))
 
 
-__all__ = ["AutoRewardModel", "smollm2_gguf_path"]
+__all__ = ["AutoRewardModel", "ModelOptions", "smollm2_gguf_path"]

@@ -1,4 +1,5 @@
-"""GGUF (llama.cpp) import: dequantise with the ``gguf`` package, tensor by tensor.
+"""GGUF (llama.cpp) files: what they hold, for `models.loading`; dequantised with the ``gguf``
+package, tensor by tensor.
 
 llama.cpp stores the q/k projections of ``llama``-architecture models with rows permuted for its
 interleaved RoPE; we undo that so the weights fit the rotate-half RoPE that Hugging Face (and
@@ -9,6 +10,8 @@ from __future__ import annotations
 
 import importlib.util
 import math
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -17,7 +20,6 @@ import numpy as np
 from rewardax.errors import ConfigError, ModelLoadError
 from rewardax.models.config import SUPPORTED_ARCHITECTURES, ModelConfig
 from rewardax.models.registry import gguf_to_hf_name
-from rewardax.models.reward import RewardModel
 
 # llama.cpp permutes q/k rows only for these architectures (its LlamaModel converter).
 _PERMUTED_ARCHITECTURES = ("llama", "mistral")
@@ -61,8 +63,9 @@ def _field(reader: Any, key: str, default: Any = None) -> Any:
     return default if field is None else field.contents()
 
 
-def config_from_gguf(reader: Any, path: Path, num_labels: int) -> ModelConfig:
-    """ModelConfig from GGUF metadata (``{arch}.embedding_length`` etc.)."""
+def config_from_gguf(reader: Any, path: Path) -> ModelConfig:
+    """ModelConfig from GGUF metadata (``{arch}.embedding_length`` etc.); one label (a GGUF holds
+    a causal LM: the head is new, as wide as the loader asks)."""
     arch = _field(reader, "general.architecture")
     if arch not in SUPPORTED_ARCHITECTURES:
         raise ModelLoadError(
@@ -118,35 +121,26 @@ def config_from_gguf(reader: Any, path: Path, num_labels: int) -> ModelConfig:
             pad_token_id=int(pad) if pad is not None else None,
             bos_token_id=_field(reader, "tokenizer.ggml.bos_token_id"),
             eos_token_id=_field(reader, "tokenizer.ggml.eos_token_id"),
-            num_labels=num_labels,
         )
     except ConfigError as exc:
         raise ModelLoadError(f"{path}: {exc}") from exc
 
 
-def load_gguf(
+@contextmanager
+def open_gguf(
     path: str | Path,
-    *,
-    dtype: Any = "float32",
-    param_dtype: Any = None,
-    num_labels: int = 1,
-    remat_policy: str = "none",
-    dropout_rate: float = 0.0,
-    seed: int = 0,
-    matmul_dtype: Any = None,
-    kernels: str = "auto",
-) -> RewardModel:
-    """RewardModel from a ``.gguf`` file; the score head is new (GGUFs are causal LMs)."""
+) -> Iterator[tuple[ModelConfig, Callable[[str], np.ndarray], set[str]]]:
+    """What a ``.gguf`` file holds: (architecture, tensor reader, tensor names), for
+    ``models.loading.assemble_model``. Tensors are dequantised to float32 when read, under their
+    Hugging Face names, q/k rows in rotate-half order. No ``score.weight``: GGUFs are causal LMs."""
     import gguf
-
-    from rewardax.models.hf import assemble_model
 
     path = Path(path)
     try:
         reader = gguf.GGUFReader(str(path))
     except (ValueError, OSError, KeyError) as exc:
         raise ModelLoadError(f"{path}: cannot read GGUF file ({exc}).") from exc
-    config = config_from_gguf(reader, path, num_labels)
+    config = config_from_gguf(reader, path)
     # The tokenizer metadata (vocabulary, merges) is ~150 MB of small Python objects for a
     # 49k vocabulary; free it before the weights arrive (load_tokenizer reads it separately).
     for key in [k for k in reader.fields if k.startswith("tokenizer.")]:
@@ -188,16 +182,4 @@ def load_gguf(
             array = unpermute_qk(array, config.num_key_value_heads)
         return array
 
-    return assemble_model(
-        config,
-        read,
-        set(by_hf_name),
-        source=str(path),
-        dtype=dtype,
-        param_dtype=param_dtype if param_dtype is not None else dtype,
-        remat_policy=remat_policy,
-        dropout_rate=dropout_rate,
-        seed=seed,
-        matmul_dtype=matmul_dtype,
-        kernels=kernels,
-    )
+    yield config, read, set(by_hf_name)

@@ -1,8 +1,9 @@
-"""Hugging Face safetensors import/export for RewardModel (no torch).
+"""Hugging Face safetensors directories (no torch): reading them for `models.loading`, and
+writing a model as a ``*ForSequenceClassification`` directory (`save_pretrained`).
 
-Import streams tensor by tensor: the model is first built abstractly (``nnx.eval_shape``: shapes
-only, no memory), then each parameter is read from the file, converted to rewardax's layout and
-the target dtype, and placed; host memory peaks at about one model copy plus one tensor.
+Reading only says what a directory holds (`open_hf_directory`: architecture, tensor reader,
+tensor names); `models.loading.assemble_model` builds the model. This module does not import
+`models.reward`, which imports it for ``RewardModel.save_pretrained``.
 """
 
 from __future__ import annotations
@@ -15,125 +16,21 @@ import shutil
 import tempfile
 import uuid
 from collections.abc import Callable, Iterator
-from contextlib import ExitStack
+from contextlib import ExitStack, contextmanager
 from pathlib import Path
 from typing import Any
 
 import jax
-import jax.numpy as jnp
 import ml_dtypes
 import numpy as np
 from flax import nnx
 
 from rewardax.errors import ConfigError, ModelLoadError
 from rewardax.models.config import ModelConfig
-from rewardax.models.registry import hf_shape, tensor_specs, to_hf, to_ours
-from rewardax.models.reward import RewardModel
+from rewardax.models.registry import tensor_specs, to_hf
 
 # transformers writes shards of at most this many bytes by default for big models; we follow.
 MAX_SHARD_BYTES = 2 * 1024**3
-_IGNORED_TENSORS = ("lm_head.weight",)  # causal-LM head: a reward model does not use it
-
-
-def _np_dtype(dtype: Any) -> np.dtype:
-    dt = jnp.dtype(dtype)
-    return np.dtype(ml_dtypes.bfloat16) if dt == jnp.bfloat16 else np.dtype(dt.name)
-
-
-def assemble_model(
-    config: ModelConfig,
-    read_tensor: Callable[[str], np.ndarray],
-    available: set[str],
-    *,
-    source: str,
-    dtype: Any = "float32",
-    param_dtype: Any = "float32",
-    remat_policy: str = "none",
-    dropout_rate: float = 0.0,
-    seed: int = 0,
-    matmul_dtype: Any = None,
-    kernels: str = "auto",
-) -> RewardModel:
-    """Build ``RewardModel(config)`` from HF-named tensors, one tensor in host memory at a time.
-
-    Args:
-      read_tensor: HF tensor name (``*ForSequenceClassification`` naming) -> array in HF layout.
-      available: the names ``read_tensor`` can serve. Without ``score.weight`` a new head is
-        initialised (std 1/sqrt(hidden+1), from ``seed``).
-      source: file or directory named in error messages.
-    """
-
-    def make() -> RewardModel:
-        return RewardModel(
-            config,
-            dtype=dtype,
-            param_dtype=param_dtype,
-            remat_policy=remat_policy,
-            dropout_rate=dropout_rate,
-            rngs=nnx.Rngs(seed),
-            matmul_dtype=matmul_dtype,
-            kernels=kernels,
-        )
-
-    abstract = nnx.eval_shape(make)
-    graphdef, params, rest = nnx.split(abstract, nnx.Param, ...)
-    variables = dict(nnx.to_flat_state(params))
-    specs = tensor_specs(config)
-    needed = {s.hf_name for s in specs}
-    unexpected = sorted(available - needed - set(_IGNORED_TENSORS))
-    unexpected = [n for n in unexpected if not n.endswith("rotary_emb.inv_freq")]
-    if unexpected:
-        raise ModelLoadError(
-            f"{source}: tensors not used by a {config.architecture} model with this config.json: "
-            f"{', '.join(unexpected[:8])}{' ...' if len(unexpected) > 8 else ''}. "
-            "The checkpoint is probably a different architecture variant."
-        )
-    missing = sorted(needed - available - {"score.weight"})
-    if missing:
-        raise ModelLoadError(
-            f"{source}: missing tensors: {', '.join(missing[:8])}"
-            f"{' ...' if len(missing) > 8 else ''}. The file is incomplete or truncated."
-        )
-    target = _np_dtype(param_dtype if param_dtype is not None else dtype)
-    # Stacked layer parameters are filled slice by slice in a host buffer and moved to the device
-    # once complete. Going parameter by parameter (all layers of one before the next) keeps a
-    # single host buffer alive, so the peak stays near one model copy plus one stacked tensor.
-    first_seen = {path: i for i, path in reversed(list(enumerate(s.path for s in specs)))}
-    specs = sorted(specs, key=lambda s: (first_seen[s.path], s.layer or 0))
-    buffers: dict[tuple, np.ndarray] = {}
-    last_layer = config.num_hidden_layers - 1
-    for spec in specs:
-        var = variables[spec.path]
-        shape = tuple(var.get_value().shape)
-        if spec.layer is not None:
-            shape = shape[1:]
-        if spec.hf_name == "score.weight" and spec.hf_name not in available:
-            key = jax.random.key(seed)
-            std = 1.0 / math.sqrt(config.hidden_size + 1)
-            var.set_value((std * jax.random.normal(key, shape, jnp.float32)).astype(target))
-            continue
-        array = read_tensor(spec.hf_name)
-        expected = hf_shape(spec, shape)
-        if tuple(array.shape) != expected:
-            raise ModelLoadError(
-                f"{source}: tensor {spec.hf_name} has shape {tuple(array.shape)} but config.json "
-                f"implies {expected}."
-            )
-        converted = to_ours(spec, array, shape, target)
-        del array
-        if spec.layer is None:
-            var.set_value(jnp.asarray(converted))
-            continue
-        if spec.path not in buffers:
-            buffers[spec.path] = np.empty((config.num_hidden_layers, *shape), target)
-        buffers[spec.path][spec.layer] = converted
-        if spec.layer == last_layer:
-            var.set_value(jnp.asarray(buffers.pop(spec.path)))
-    params = nnx.from_flat_state(variables)
-    if jax.tree.leaves(rest):
-        # Dropout RNG state: built by a jitted init whose parameter computations XLA drops.
-        rest = jax.jit(lambda: nnx.split(make(), nnx.Param, ...)[2])()
-    return nnx.merge(graphdef, params, rest)
 
 
 def _read_config(directory: Path) -> dict[str, Any]:
@@ -261,60 +158,34 @@ def _open_all(files: list[Path], stack: ExitStack) -> dict[str, tuple[Safetensor
     return handles
 
 
-def load_hf_directory(
+@contextmanager
+def open_hf_directory(
     directory: str | Path,
-    *,
-    dtype: Any = "float32",
-    param_dtype: Any = None,
-    num_labels: int = 1,
-    remat_policy: str = "none",
-    dropout_rate: float = 0.0,
-    seed: int = 0,
-    matmul_dtype: Any = None,
-    kernels: str = "auto",
-) -> RewardModel:
-    """RewardModel from a HF directory (``*ForCausalLM``: new head; ``*ForSequenceClassification``:
-    head loaded, its ``num_labels`` must equal ``num_labels``)."""
+) -> Iterator[tuple[ModelConfig, Callable[[str], np.ndarray], set[str]]]:
+    """What a HF directory holds: (architecture, tensor reader, tensor names), for
+    ``models.loading.assemble_model``; the weight files stay open until the block ends.
+
+    The architecture comes from config.json (``*ForCausalLM``: no ``score.weight``, a new head
+    is made; ``*ForSequenceClassification``: its head is read). Tensors are named as in
+    ``*ForSequenceClassification`` (a causal LM's ``model.`` prefix added where missing).
+    """
     directory = Path(directory)
-    hf_config = _read_config(directory)
     try:
-        config = ModelConfig.from_hf_dict(hf_config)
+        config = ModelConfig.from_hf_dict(_read_config(directory))
     except ConfigError as exc:
         raise ModelLoadError(f"{directory / 'config.json'}: {exc}") from exc
     files = _weight_files(directory)
     with ExitStack() as stack:
         handles = _open_all(files, stack)
-        if "score.weight" in handles:
-            handle, raw = handles["score.weight"]
-            rows = handle.shape(raw)[0]
-            if rows != num_labels:
-                raise ModelLoadError(
-                    f"{directory}: the checkpoint's score head has {rows} label(s) but "
-                    f"num_labels={num_labels} was asked; pass num_labels={rows}, or load the "
-                    "backbone from a *ForCausalLM checkpoint to get a new head."
-                )
-        config = config.replace(num_labels=num_labels)
 
         def read(name: str) -> np.ndarray:
             handle, raw = handles[name]
             return handle.read(raw)
 
-        return assemble_model(
-            config,
-            read,
-            set(handles),
-            source=str(directory),
-            dtype=dtype,
-            param_dtype=param_dtype if param_dtype is not None else dtype,
-            remat_policy=remat_policy,
-            dropout_rate=dropout_rate,
-            seed=seed,
-            matmul_dtype=matmul_dtype,
-            kernels=kernels,
-        )
+        yield config, read, set(handles)
 
 
-def _hf_tensors(model: RewardModel) -> Iterator[tuple[str, np.ndarray]]:
+def _hf_tensors(model: nnx.Module) -> Iterator[tuple[str, np.ndarray]]:
     variables = dict(nnx.to_flat_state(nnx.state(model, nnx.Param)))
     for spec in tensor_specs(model.config):
         value = variables[spec.path][...]
@@ -348,7 +219,7 @@ def _pad_distinct_from_eos(tokenizer: Any) -> Any:
 
 
 def save_pretrained(
-    model: RewardModel,
+    model: nnx.Module,
     directory: str | Path,
     *,
     tokenizer: Any = None,
@@ -356,7 +227,8 @@ def save_pretrained(
     overwrite: bool = False,
     max_shard_bytes: int = MAX_SHARD_BYTES,
 ) -> Path:
-    """Write ``model`` as a HF ``*ForSequenceClassification`` directory; returns its path.
+    """Write ``model`` (a ``RewardModel``) as a HF ``*ForSequenceClassification`` directory;
+    returns its path.
 
     Writes config.json (``architectures``, ``num_labels``, ``pad_token_id``, ``dtype`` and any
     ``extra_config`` keys, e.g. reward normalisation statistics), ``model.safetensors`` (or

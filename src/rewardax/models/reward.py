@@ -12,6 +12,7 @@ from flax import nnx, struct
 
 from rewardax.errors import ConfigError
 from rewardax.models.config import ModelConfig
+from rewardax.models.hf import save_pretrained
 from rewardax.models.kernels import KERNEL_SETTINGS, Kernels, select_kernels
 from rewardax.models.transformer import Decoder, Projection
 from rewardax.models.transformer import attention_mask as build_attention_mask
@@ -232,8 +233,6 @@ class RewardModel(nnx.Module):
         overwrite: bool = False,
     ) -> Path:
         """Write a Hugging Face ``*ForSequenceClassification`` directory; see ``models.hf``."""
-        from rewardax.models.hf import save_pretrained
-
         return save_pretrained(
             self, directory, tokenizer=tokenizer, extra_config=extra_config, overwrite=overwrite
         )
