@@ -13,8 +13,8 @@ from rewardax.errors import (
     NonFiniteError,
     RewardaxError,
 )
-from rewardax.hostmem import retain_freed_memory
 from rewardax.models import AutoRewardModel, ModelConfig, RewardModel, RewardOutput, load_tokenizer
+from rewardax.serve import reward_function
 from rewardax.state import RewardState
 from rewardax.trainer import RewardTrainer, TrainResult
 
@@ -37,5 +37,5 @@ __all__ = [
     "ShardedDataSource",
     "TrainResult",
     "load_tokenizer",
-    "retain_freed_memory",
+    "reward_function",
 ]

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from rewardax.errors import ConfigError, DataError, ModelLoadError, RewardaxError
+from rewardax.model_dirs import config_for_model, run_config_path
 
 ASSETS = resources.files("rewardax") / "assets"
 CONFIGS = resources.files("rewardax") / "configs"
@@ -52,22 +53,6 @@ def local_model_path(path: str) -> str:
     from rewardax.hub import resolve_model_path
 
     return str(resolve_model_path(path))
-
-
-def _run_config_of(model_dir: str) -> Path | None:
-    """`<run>/config.yaml` when the model is a run's export directory (`<run>/export`)."""
-    candidate = Path(model_dir).resolve().parent / "config.yaml"
-    return candidate if Path(model_dir).is_dir() and candidate.is_file() else None
-
-
-def _model_config(model: str, overrides: list[str]) -> Any:
-    """The run's RewardConfig when `model` is `<run>/export` (so data settings match training),
-    else the defaults; then `overrides`."""
-    from rewardax.config import RewardConfig
-
-    run_config = _run_config_of(model)
-    config = RewardConfig.from_yaml(run_config) if run_config else RewardConfig()
-    return config.with_overrides([f"model.path={model}", *overrides])
 
 
 # ------------------------------------------------------------------------------------------ train
@@ -302,7 +287,7 @@ def cmd_eval(args: argparse.Namespace, extra: list[str]) -> dict[str, Any]:
 
     from rewardax import distributed
     from rewardax.data import load_source
-    from rewardax.models import AutoRewardModel, load_tokenizer
+    from rewardax.models import AutoRewardModel, ModelOptions, load_tokenizer
     from rewardax.pair_scoring import PairScorer
     from rewardax.sharding import make_mesh
 
@@ -310,21 +295,15 @@ def cmd_eval(args: argparse.Namespace, extra: list[str]) -> dict[str, Any]:
     overrides = list(_overrides(extra))
     if args.batch_size:
         overrides.append(f"train.per_device_eval_batch_size={args.batch_size}")
-    config = _model_config(model_path, overrides)
+    config = config_for_model(model_path, overrides)
     distributed.initialize(config)  # before anything touches a device
     config.validate(num_devices=jax.device_count(), num_processes=jax.process_count())
     source = load_source(args.data, default_split="test")
     name = Path(args.data).stem
     tokenizer = load_tokenizer(args.tokenizer or model_path)
     # The model and a pair scorer only: no optimizer state, no trainer.
-    model = AutoRewardModel.from_pretrained(
-        model_path,
-        dtype=config.model.dtype,
-        param_dtype=config.model.param_dtype,
-        matmul_dtype=config.model.matmul_dtype,
-        num_labels=config.model.num_labels,
-        kernels=config.model.kernels,
-    )
+    options = ModelOptions.from_section(config.model).for_inference()
+    model = AutoRewardModel.load(model_path, options)
     dp, fsdp, tp = config.mesh.resolve(jax.device_count())
     scorer, arrays = PairScorer.for_model(
         model,
@@ -349,7 +328,7 @@ def cmd_eval(args: argparse.Namespace, extra: list[str]) -> dict[str, Any]:
     report_dir = None
     if args.report:
         run = Path(args.run) if args.run else None
-        if run is None and _run_config_of(model_path):
+        if run is None and run_config_path(model_path):
             run = Path(model_path).resolve().parent
         report_dir = _write_report(
             args.report,
@@ -376,7 +355,7 @@ def cmd_eval(args: argparse.Namespace, extra: list[str]) -> dict[str, Any]:
 def cmd_score(args: argparse.Namespace, extra: list[str]) -> dict[str, Any]:
     from tqdm import tqdm
 
-    from rewardax.models import AutoRewardModel, load_tokenizer
+    from rewardax.models import AutoRewardModel, ModelOptions, load_tokenizer
     from rewardax.scoring import (
         ResponseEncoder,
         RewardScorer,
@@ -397,12 +376,11 @@ def cmd_score(args: argparse.Namespace, extra: list[str]) -> dict[str, Any]:
         overrides.append(f"data.max_sequence_length={args.max_length}")
     if args.truncation:
         overrides.append(f"data.truncation_mode={args.truncation}")
-    config = _model_config(model_path, overrides)
+    config = config_for_model(model_path, overrides)
     normalization = normalization_of(model_path) if args.normalize else None
     tokenizer = load_tokenizer(args.tokenizer or model_path)
-    model = AutoRewardModel.from_pretrained(
-        model_path, dtype=config.model.dtype, num_labels=config.model.num_labels
-    )
+    options = ModelOptions(dtype=config.model.dtype, num_labels=config.model.num_labels)
+    model = AutoRewardModel.load(model_path, options)
     encoder = ResponseEncoder(tokenizer, config.data)
     scorer = RewardScorer(
         model,
@@ -450,6 +428,64 @@ def cmd_export(args: argparse.Namespace, extra: list[str]) -> dict[str, Any]:
     )
     _log(f"exported step {info['step']} -> {info['export_dir']}")
     return {"command": "export", **info}
+
+
+# ------------------------------------------------------------------------------------------ serve
+
+
+def cmd_serve(args: argparse.Namespace, extra: list[str]) -> dict[str, Any]:
+    from rewardax.serve import ServingModel
+
+    try:
+        from rewardax.serve.app import build_app
+        from rewardax.serve.server import run_server
+    except ModuleNotFoundError as error:
+        raise ConfigError(
+            f"rewardax serve needs starlette and uvicorn ({error}): pip install 'rewardax[serve]'"
+        ) from None
+
+    api_key = None
+    if args.api_key_file:
+        try:
+            api_key = Path(args.api_key_file).read_text(encoding="utf-8").strip()
+        except OSError as error:
+            raise ConfigError(f"cannot read --api-key-file: {error}") from None
+        if not api_key:
+            raise ConfigError(f"--api-key-file {args.api_key_file} is empty")
+    overrides = list(_overrides(extra))
+    if args.max_length:
+        overrides.append(f"data.max_sequence_length={args.max_length}")
+    if args.truncation:
+        overrides.append(f"data.truncation_mode={args.truncation}")
+    model = ServingModel(
+        local_model_path(args.model),
+        overrides=overrides,
+        normalize=args.normalize,
+        max_batch_tokens=args.max_batch_tokens,
+        max_batch_rows=args.max_batch_rows,
+        tokenizer_path=args.tokenizer,
+    )
+    model.warm(_log)
+    app = build_app(
+        model,
+        api_key=api_key,
+        max_body_bytes=args.max_body_bytes,
+        max_text_chars=args.max_text_chars,
+        max_rows_per_request=args.max_rows_per_request,
+        max_queue_rows=args.max_queue_rows,
+        max_wait_s=args.max_wait_ms / 1000,
+        log=_log,
+    )
+    start = time.perf_counter()
+    run_server(app, host=args.host, port=args.port, log=_log)
+    return {
+        "command": "serve",
+        "model": model.path,
+        "host": args.host,
+        "port": args.port,
+        **app.state.batcher.stats,
+        "wall_time_s": round(time.perf_counter() - start, 2),
+    }
 
 
 # ----------------------------------------------------------------------------------------- parser
@@ -574,10 +610,60 @@ def build_parser() -> argparse.ArgumentParser:
     export.add_argument("--output", required=True, help="directory to write")
     export.add_argument("--tokenizer", help="tokenizer to include (default: <run>/tokenizer)")
     export.add_argument("--overwrite", action="store_true", help="replace a non-empty output")
+
+    serve = sub.add_parser(
+        "serve",
+        help="the model over HTTP for RL loops (OpenRLHF, vLLM classify, LLaMA-Factory shapes)",
+        description="Serve a reward model over HTTP: POST /get_reward (OpenRLHF), /classify "
+        '(vLLM), /v1/score/evaluation (LLaMA-Factory), /score ({"rows": [score rows]}); GET '
+        "/health, /info. Concurrent requests are batched by length; rewards equal `rewardax "
+        "score`'s on the same rows (see rewardax.serve.app). Binds 127.0.0.1 unless --host says "
+        "otherwise; SIGTERM answers the requests in flight, then exits 0.",
+    )
+    serve.add_argument("--model", required=True, help=MODEL_HELP)
+    serve.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
+    serve.add_argument("--port", type=int, default=8000, help="port (default 8000)")
+    serve.add_argument(
+        "--normalize", action="store_true", help="answer (r - mean) / std (stored statistics)"
+    )
+    serve.add_argument(
+        "--api-key-file",
+        help="a file holding a key; requests then need `Authorization: Bearer KEY`",
+    )
+    serve.add_argument(
+        "--max-batch-tokens", type=int, default=16384, help="padded tokens per forward pass"
+    )
+    serve.add_argument("--max-batch-rows", type=int, default=64, help="rows per forward pass")
+    serve.add_argument(
+        "--max-wait-ms", type=float, default=3.0, help="how long a batch waits for more requests"
+    )
+    serve.add_argument(
+        "--max-queue-rows", type=int, default=8192, help="rows admitted at once; more get 503"
+    )
+    serve.add_argument(
+        "--max-rows-per-request", type=int, default=1024, help="rows one request may hold"
+    )
+    serve.add_argument(
+        "--max-body-bytes", type=int, default=8 << 20, help="request body limit (413 past it)"
+    )
+    serve.add_argument(
+        "--max-text-chars", type=int, default=100_000, help="characters one row may hold (422)"
+    )
+    serve.add_argument("--max-length", type=int, help="data.max_sequence_length for scoring")
+    serve.add_argument(
+        "--truncation", choices=["keep_end", "keep_start"], help="data.truncation_mode"
+    )
+    serve.add_argument("--tokenizer", help="tokenizer directory/.gguf (default: the model's own)")
     return parser
 
 
-COMMANDS = {"train": cmd_train, "eval": cmd_eval, "score": cmd_score, "export": cmd_export}
+COMMANDS = {
+    "train": cmd_train,
+    "eval": cmd_eval,
+    "score": cmd_score,
+    "export": cmd_export,
+    "serve": cmd_serve,
+}
 
 
 def main(argv: list[str] | None = None) -> int:

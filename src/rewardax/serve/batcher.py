@@ -1,0 +1,129 @@
+"""Batching across requests: an asyncio queue gathered into length-bucketed forward passes.
+
+Each request's rows are encoded in one worker thread (the tokenizer is not shared between
+threads), queued with a future, and a single gathering task takes what is queued, waits up to
+`max_wait_s` for more while the batch holds fewer than `max_batch_tokens` padded tokens, runs the
+model in another thread (the event loop keeps accepting requests meanwhile) and resolves each
+future with its own rows' rewards, in order. Admission is bounded in rows: past `max_queue_rows`
+waiting or running, a request is refused (`QueueFull`, answered 503 with Retry-After), so memory
+stays bounded whatever the load.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+
+class QueueFull(Exception):
+    """More rows are waiting than the queue admits."""
+
+
+@dataclass
+class _Item:
+    sequences: list[np.ndarray]
+    cost: int  # padded tokens
+    future: asyncio.Future = field(repr=False)
+
+
+class Batcher:
+    """Gathers rows of concurrent requests into batches for a `ServingModel`.
+
+    Args:
+      model: a `ServingModel` (encode, rewards, bucket_of).
+      max_batch_tokens: stop gathering once a batch holds this many padded tokens.
+      max_wait_s: the longest a gathered batch waits for more requests.
+      max_queue_rows: rows admitted (queued or running) at once; more are refused.
+
+    Use `start()` inside the running event loop, `await score(rows)`, then `await stop()`.
+    """
+
+    def __init__(
+        self, model: Any, *, max_batch_tokens: int, max_wait_s: float, max_queue_rows: int
+    ):
+        self.model = model
+        self.max_batch_tokens = max_batch_tokens
+        self.max_wait_s = max_wait_s
+        self.max_queue_rows = max_queue_rows
+        self.admitted_rows = 0
+        self.stats = {"requests": 0, "rows": 0, "batches": 0}
+        self._encode_pool = ThreadPoolExecutor(1, thread_name_prefix="rewardax-encode")
+        self._model_pool = ThreadPoolExecutor(1, thread_name_prefix="rewardax-model")
+        self._queue: asyncio.Queue[_Item] | None = None
+        self._task: asyncio.Task | None = None
+
+    def start(self) -> None:
+        self._queue = asyncio.Queue()
+        self._task = asyncio.get_running_loop().create_task(self._gather_forever())
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+        self._encode_pool.shutdown(wait=True)
+        self._model_pool.shutdown(wait=True)
+
+    async def score(self, rows: list[Any]) -> tuple[list[float], int]:
+        """(rewards of `rows` in order, their token count); QueueFull when the queue is full,
+        DataError for a bad row."""
+        if self.admitted_rows + len(rows) > self.max_queue_rows:
+            raise QueueFull
+        self.admitted_rows += len(rows)
+        try:
+            loop = asyncio.get_running_loop()
+            sequences = await loop.run_in_executor(self._encode_pool, self.model.encode, rows)
+            cost = sum(self.model.bucket_of(len(s)) for s in sequences)
+            item = _Item(sequences, cost, loop.create_future())
+            self._queue.put_nowait(item)
+            rewards = await item.future
+        finally:
+            self.admitted_rows -= len(rows)
+        self.stats["requests"] += 1
+        self.stats["rows"] += len(rows)
+        return rewards, sum(len(s) for s in item.sequences)
+
+    async def _gather_forever(self) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            batch = [await self._queue.get()]
+            tokens = batch[0].cost
+            deadline = loop.time() + self.max_wait_s
+            while tokens < self.max_batch_tokens:
+                try:
+                    if self._queue.empty():
+                        timeout = deadline - loop.time()
+                        if timeout <= 0:
+                            break
+                        item = await asyncio.wait_for(self._queue.get(), timeout)
+                    else:
+                        item = self._queue.get_nowait()
+                except TimeoutError:
+                    break
+                batch.append(item)
+                tokens += item.cost
+            await self._run(batch)
+
+    async def _run(self, batch: list[_Item]) -> None:
+        sequences = [s for item in batch for s in item.sequences]
+        try:
+            rewards = await asyncio.get_running_loop().run_in_executor(
+                self._model_pool, self.model.rewards, sequences
+            )
+        except Exception as error:  # handed to each waiting request, which answers 500
+            for item in batch:
+                if not item.future.done():
+                    item.future.set_exception(error)
+            return
+        self.stats["batches"] += 1
+        start = 0
+        for item in batch:
+            end = start + len(item.sequences)
+            if not item.future.done():  # a request cancelled meanwhile
+                item.future.set_result([float(r) for r in rewards[start:end]])
+            start = end

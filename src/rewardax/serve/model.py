@@ -1,0 +1,283 @@
+"""A reward model loaded for serving: the same tokenization and forward pass as `rewardax score`.
+
+`ServingModel` loads a model directory exactly as `rewardax score` does (the run's data settings
+when the directory is `<run>/export`, `--max-length` / `--truncation` overrides, `dtype` and
+`num_labels` from the config), encodes rows with `rewardax.scoring.ResponseEncoder`, and runs the
+model through one `rewardax.scoring.RewardScorer` per bucket length: each holds one compiled program
+of shape [rows_per_batch(bucket), bucket], so a batch of any composition is padded to a shape
+compiled at start (`warm()`), and the first request pays no compilation.
+
+`reward_function` is the in-process form for TRL's GRPO: the offline `score_rows` path itself.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from rewardax.errors import ConfigError, DataError, ModelLoadError
+
+# Rows of one forward pass are capped so that a program of the shortest bucket does not pad a lone
+# request to thousands of rows.
+DEFAULT_MAX_BATCH_ROWS = 64
+DEFAULT_MAX_BATCH_TOKENS = 16384
+
+
+def _load(model_dir: str, overrides: Sequence[str], tokenizer_path: str | None):
+    """(path, config, tokenizer, model) loaded as `rewardax score` loads them (cli.cmd_score)."""
+    from rewardax.hub import resolve_model_path
+    from rewardax.model_dirs import config_for_model
+    from rewardax.models import AutoRewardModel, load_tokenizer
+
+    path = str(resolve_model_path(str(model_dir)))
+    config = config_for_model(path, list(overrides))
+    tokenizer = load_tokenizer(tokenizer_path or path)
+    model = AutoRewardModel.from_pretrained(
+        path, dtype=config.model.dtype, num_labels=config.model.num_labels
+    )
+    return path, config, tokenizer, model
+
+
+def _stored_normalization(path: str) -> dict[str, float] | None:
+    """The model's stored `{"mean", "std"}`, or None when it has none (a GGUF file, no eval set)."""
+    from rewardax.scoring import normalization_of
+
+    if not Path(path).is_dir():
+        return None
+    try:
+        return normalization_of(path)
+    except ModelLoadError:
+        return None
+
+
+def export_hash(path: str | os.PathLike) -> str:
+    """sha256 over the model's files (names and bytes, sorted; a .gguf path: that file)."""
+    path = Path(path)
+    files = [path] if path.is_file() else sorted(p for p in path.iterdir() if p.is_file())
+    digest = hashlib.sha256()
+    for file in files:
+        digest.update(file.name.encode() + b"\0")
+        with open(file, "rb") as fh:
+            while chunk := fh.read(1 << 20):
+                digest.update(chunk)
+    return digest.hexdigest()
+
+
+def chat_template_hash(tokenizer: Any) -> str | None:
+    """sha256 of the tokenizer's chat template text (None when it has none)."""
+    template = getattr(tokenizer, "chat_template", None)
+    if not template:
+        return None
+    text = template if isinstance(template, str) else json.dumps(template, sort_keys=True)
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()
+
+
+class ServingModel:
+    """Encodes rows and scores token sequences in length buckets, one compiled shape per bucket.
+
+    Args:
+      model_dir: a Hugging Face directory, .gguf file or hub name (as `rewardax score --model`).
+      overrides: `section.key=value` settings (e.g. `data.max_sequence_length=128`).
+      normalize: return (r - mean) / std with the statistics stored in the model's config.json.
+      max_batch_tokens: padded tokens (rows x bucket length) one forward pass may hold.
+      max_batch_rows: rows one forward pass may hold.
+      tokenizer_path: a tokenizer other than the model's own.
+
+    Example:
+      model = ServingModel("runs/run/export", normalize=True)
+      model.warm()
+      ids = model.encode([{"prompt": "Review:\\n", "response": "Great film."}])
+      model.rewards(ids)  # -> float64 [1], normalised
+    """
+
+    def __init__(
+        self,
+        model_dir: str | os.PathLike,
+        *,
+        overrides: Sequence[str] = (),
+        normalize: bool = False,
+        max_batch_tokens: int = DEFAULT_MAX_BATCH_TOKENS,
+        max_batch_rows: int = DEFAULT_MAX_BATCH_ROWS,
+        tokenizer_path: str | None = None,
+    ):
+        from rewardax.scoring import ResponseEncoder, RewardScorer, normalization_of, pad_id_of
+
+        if max_batch_tokens < 1 or max_batch_rows < 1:
+            raise ConfigError(
+                f"max_batch_tokens ({max_batch_tokens}) and max_batch_rows ({max_batch_rows}) "
+                "must be at least 1"
+            )
+        self.path, self.config, self.tokenizer, model = _load(
+            str(model_dir), overrides, tokenizer_path
+        )
+        self.normalization = normalization_of(self.path) if normalize else None
+        self.stored_normalization = self.normalization or _stored_normalization(self.path)
+        self.encoder = ResponseEncoder(self.tokenizer, self.config.data)
+        self.max_batch_tokens = int(max_batch_tokens)
+        pad_id = pad_id_of(self.tokenizer)
+        max_length = self.config.data.max_sequence_length
+        self.scorers: dict[int, RewardScorer] = {}
+        for bucket in _buckets(max_length):
+            rows = max(1, min(max_batch_rows, max_batch_tokens // bucket))
+            self.scorers[bucket] = RewardScorer(
+                model, pad_id=pad_id, max_sequence_length=max_length, batch_size=rows
+            )
+        self.buckets = tuple(self.scorers)
+        self.export_hash = export_hash(self.path)
+        self.chat_template_hash = chat_template_hash(self.tokenizer)
+
+    def bucket_of(self, length: int) -> int:
+        """The padded length of a sequence of `length` tokens."""
+        return next(b for b in self.buckets if b >= length)
+
+    def warm(self, log: Callable[[str], None] | None = None) -> float:
+        """Compiles and runs every bucket's program once; returns the seconds it took."""
+        start = time.perf_counter()
+        for bucket, scorer in self.scorers.items():
+            scorer([np.zeros(bucket, dtype=np.int32)] * scorer.batch_size)
+        seconds = time.perf_counter() - start
+        if log is not None:
+            log(f"compiled {len(self.scorers)} bucket programs in {seconds:.1f} s")
+        return seconds
+
+    def encode(self, rows: Sequence[Any], where: str = "row") -> list[np.ndarray]:
+        """Token ids of each row (scoring rules of `rewardax score`); DataError naming the row."""
+        return [self.encoder.encode(row, f"{where} {i}") for i, row in enumerate(rows)]
+
+    def rewards(self, sequences: Sequence[np.ndarray]) -> np.ndarray:
+        """Rewards float64 [N] of N sequences, normalised when asked; grouped by bucket."""
+        out = np.empty(len(sequences), dtype=np.float64)
+        groups: dict[int, list[int]] = {}
+        for i, seq in enumerate(sequences):
+            groups.setdefault(self.bucket_of(len(seq)), []).append(i)
+        for bucket, index in groups.items():
+            out[index] = self.scorers[bucket]([sequences[i] for i in index])
+        if self.normalization is not None:
+            out = (out - self.normalization["mean"]) / self.normalization["std"]
+        return out
+
+    def info(self) -> dict[str, Any]:
+        """What `GET /info` answers."""
+        data = self.config.data
+        return {
+            "model": self.path,
+            "export_hash": self.export_hash,
+            "chat_template_hash": self.chat_template_hash,
+            "normalization": self.stored_normalization,
+            "normalize": self.normalization is not None,
+            "max_sequence_length": data.max_sequence_length,
+            "truncation_mode": data.truncation_mode,
+            "append_eos": data.append_eos,
+            "buckets": {str(b): s.batch_size for b, s in self.scorers.items()},
+            "max_batch_tokens": self.max_batch_tokens,
+        }
+
+
+def _buckets(max_length: int) -> tuple[int, ...]:
+    from rewardax.data.collate import default_bucket_lengths
+
+    return tuple(default_bucket_lengths(max_length))
+
+
+def completion_rows(prompts: Sequence[Any] | None, completions: Sequence[Any]) -> list[dict]:
+    """`rewardax score` rows of TRL's (prompts, completions).
+
+    A string completion is a `response` row with its `prompt` (string or chat messages); a
+    completion that is a list of messages (TRL's conversational format) is a `messages` row of the
+    prompt's messages followed by it.
+    """
+    if prompts is not None and len(prompts) != len(completions):
+        raise DataError(f"{len(prompts)} prompts for {len(completions)} completions")
+    rows = []
+    for i, completion in enumerate(completions):
+        prompt = prompts[i] if prompts is not None else None
+        if isinstance(completion, str):
+            rows.append(
+                {"response": completion}
+                if prompt is None
+                else {"prompt": prompt, "response": completion}
+            )
+        elif isinstance(completion, list):
+            if isinstance(prompt, str):
+                prompt = [{"role": "user", "content": prompt}]
+            rows.append({"messages": [*(prompt or []), *completion]})
+        else:
+            raise DataError(
+                f"completion {i}: expected a string or a list of chat messages, got "
+                f"{type(completion).__name__}"
+            )
+    return rows
+
+
+def reward_function(
+    model_dir: str | os.PathLike,
+    *,
+    normalize: bool = False,
+    batch_size: int = 32,
+    overrides: Sequence[str] = (),
+) -> Callable[..., list[float]]:
+    """A reward function with TRL GRPO's signature, scoring in process on the local accelerator.
+
+    The model is loaded once; each call tokenizes the completions with the rules of `rewardax
+    score` (the run's data settings when `model_dir` is `<run>/export`), sorts them by length,
+    scores them in batches of `batch_size` and returns the rewards in input order, equal to
+    `rewardax score`'s on the same rows.
+
+    Args:
+      model_dir: a Hugging Face directory, .gguf file or hub name.
+      normalize: (r - mean) / std with the statistics stored in the model's config.json.
+      batch_size: sequences per forward pass.
+      overrides: `section.key=value` settings, e.g. `["data.max_sequence_length=1024"]`.
+
+    Returns:
+      `reward(prompts, completions, **kwargs) -> list[float]`: completions are strings (prompts
+      strings) or lists of chat messages (prompts lists of messages); other keyword arguments TRL
+      passes (dataset columns, `trainer_state`) are ignored.
+
+    Example:
+      from trl import GRPOConfig, GRPOTrainer
+      import rewardax
+
+      reward = rewardax.reward_function("runs/run/export", normalize=True)
+      reward(["Review:\\n"], ["A moving, funny film."])  # -> [0.83]
+      trainer = GRPOTrainer(
+          model="HuggingFaceTB/SmolLM2-135M-Instruct",
+          reward_funcs=[reward],
+          args=GRPOConfig(output_dir="grpo"),
+          train_dataset=dataset,  # a "prompt" column
+      )
+      trainer.train()
+    """
+    from rewardax.scoring import (
+        ResponseEncoder,
+        RewardScorer,
+        normalization_of,
+        pad_id_of,
+        score_rows,
+    )
+
+    path, config, tokenizer, model = _load(str(model_dir), overrides, None)
+    normalization = normalization_of(path) if normalize else None
+    encoder = ResponseEncoder(tokenizer, config.data)
+    scorer = RewardScorer(
+        model,
+        pad_id=pad_id_of(tokenizer),
+        max_sequence_length=config.data.max_sequence_length,
+        batch_size=batch_size,
+    )
+
+    def reward(prompts: Sequence[Any] | None, completions: Sequence[Any], **kwargs: Any):
+        rows = completion_rows(prompts, completions)
+        located = ((row, f"completion {i}") for i, row in enumerate(rows))
+        scored = score_rows(located, encoder, scorer, normalization=normalization)
+        return [row["reward"] for window in scored for row in window]
+
+    reward.__name__ = f"rewardax_{Path(path).name}"
+    return reward

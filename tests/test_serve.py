@@ -1,0 +1,285 @@
+"""`rewardax serve` as a real process on loopback, queried over real HTTP: each protocol's shape,
+rewards equal to `rewardax score`'s whatever the batching, the bearer key, bad and oversize
+requests, 200 concurrent requests, backpressure, SIGTERM under load; and `reward_function`."""
+
+from __future__ import annotations
+
+import json
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from concurrent.futures import ThreadPoolExecutor
+from importlib import resources
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import rewardax as rx
+from data_fixtures import smollm2_tokenizer, tiny_llama
+from rewardax import cli
+
+pytest.importorskip("starlette")
+pytest.importorskip("uvicorn")
+
+RX = Path(sys.executable).parent / "rewardax"
+HELDOUT = resources.files("rewardax") / "assets" / "vader_movie_pairs.heldout.jsonl"
+KEY = "s3cret-key"
+MAX_LENGTH = "32"  # 4 buckets (8, 16, 24, 32): a short warm-up; longer rows are cut, as in score
+PROMPT = "Review:\n"
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def request(port, path, body=None, *, key=None, raw=None, timeout=60):
+    """(status, headers, JSON) of one HTTP request to 127.0.0.1:`port` (POST when a body is given)."""
+    data = raw if raw is not None else (None if body is None else json.dumps(body).encode())
+    headers = {"Content-Type": "application/json"}
+    if key is not None:
+        headers["Authorization"] = f"Bearer {key}"
+    req = urllib.request.Request(f"http://127.0.0.1:{port}{path}", data=data, headers=headers)
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as resp:
+            return resp.status, resp.headers, json.loads(resp.read())
+    except urllib.error.HTTPError as error:
+        return error.code, error.headers, json.loads(error.read())
+
+
+def start_server(model_dir, *args):
+    port = free_port()
+    proc = subprocess.Popen(
+        [
+            str(RX),
+            "serve",
+            "--model",
+            str(model_dir),
+            "--port",
+            str(port),
+            "--max-length",
+            MAX_LENGTH,
+            *args,
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    return proc, port
+
+
+def wait_ready(proc, port, limit_s=120):
+    deadline = time.monotonic() + limit_s
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise AssertionError(f"server exited {proc.returncode}: {proc.stderr.read()}")
+        try:
+            if request(port, "/health", timeout=2)[0] == 200:
+                return
+        except OSError:
+            time.sleep(0.2)
+    proc.kill()
+    raise AssertionError("server not ready in time")
+
+
+def stop(proc):
+    if proc.poll() is None:
+        proc.kill()
+        proc.wait(timeout=30)
+
+
+@pytest.fixture(scope="module")
+def work(tmp_path_factory):
+    """A tiny model, two servers (one with a key and tight limits, one for SIGTERM), and the
+    rows with their offline `rewardax score` rewards."""
+    tmp = tmp_path_factory.mktemp("serve")
+    tokenizer = smollm2_tokenizer()
+    model_dir = tmp / "tiny-model"
+    tiny_llama(tokenizer).save_pretrained(model_dir, tokenizer=tokenizer)
+    key_file = tmp / "key.txt"
+    key_file.write_text(KEY + "\n")
+    main = start_server(
+        model_dir,
+        "--api-key-file",
+        str(key_file),
+        "--max-body-bytes",
+        "65536",
+        "--max-text-chars",
+        "2000",
+    )
+    # Batches wait 400 ms for company: requests stay in flight long enough to SIGTERM under load.
+    drain = start_server(model_dir, "--max-wait-ms", "400", "--max-queue-rows", "40")
+    texts = [json.loads(line)["chosen"] for line in Path(HELDOUT).read_text().splitlines()[:40]]
+    rows = [{"prompt": PROMPT, "response": t} for t in texts[:20]]
+    rows += [{"text": t} for t in texts[20:]]
+    rows += [
+        {"messages": [{"role": "user", "content": "Rate it"}, {"role": "assistant", "content": t}]}
+        for t in texts[:4]
+    ]
+    rows.append({"input_ids": [1, 2, 3, 4, 5]})
+    src = tmp / "rows.jsonl"
+    src.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    out = tmp / "scored.jsonl"
+    argv = ["score", "--model", str(model_dir), "--input", str(src), "--output", str(out)]
+    assert cli.main([*argv, "--max-length", MAX_LENGTH]) == 0
+    reference = [json.loads(line)["reward"] for line in out.read_text().splitlines()]
+    try:
+        for proc, port in (main, drain):
+            wait_ready(proc, port)
+        yield {
+            "model_dir": model_dir,
+            "port": main[1],
+            "proc": main[0],
+            "drain": drain,
+            "rows": rows,
+            "reference": np.array(reference),
+            "texts": texts,
+        }
+    finally:
+        stop(main[0])
+        stop(drain[0])
+
+
+def close(got, want):
+    np.testing.assert_allclose(np.asarray(got, dtype=np.float64), want, rtol=0, atol=1e-4)
+
+
+def test_each_protocol_answers_its_shape_with_score_rewards(work):
+    port, ref, texts = work["port"], work["reference"], work["texts"]
+    text_ref = ref[20:40]  # rows 20..39 are {"text": t} rows of texts[20:]
+    status, _, body = request(
+        port, "/get_reward", {"query": texts[20:], "prompts": [], "labels": []}, key=KEY
+    )
+    assert status == 200 and set(body) == {"rewards", "scores", "extra_logs"}
+    assert body["extra_logs"] == {} and body["rewards"] == body["scores"]
+    close(body["rewards"], text_ref)
+
+    status, _, body = request(port, "/classify", {"model": "rm", "input": texts[20:]}, key=KEY)
+    assert status == 200
+    assert set(body) == {"id", "object", "created", "model", "data", "usage"}
+    assert body["object"] == "list" and body["model"] == "rm"
+    assert [d["index"] for d in body["data"]] == list(range(20))
+    assert all(set(d) == {"index", "label", "probs", "num_classes"} for d in body["data"])
+    close([d["probs"][0] for d in body["data"]], text_ref)
+    assert body["usage"]["prompt_tokens"] > 0
+    status, _, body = request(port, "/classify", {"input": [1, 2, 3, 4, 5]}, key=KEY)
+    close([body["data"][0]["probs"][0]], ref[-1:])
+
+    status, _, body = request(
+        port, "/v1/score/evaluation", {"model": "rm", "messages": texts[20:]}, key=KEY
+    )
+    assert status == 200 and set(body) == {"id", "object", "model", "scores"}
+    assert body["object"] == "score.evaluation"
+    close(body["scores"], text_ref)
+
+    status, _, body = request(port, "/score", {"rows": work["rows"]}, key=KEY)
+    assert status == 200 and set(body) == {"rewards"}
+    close(body["rewards"], ref)
+
+    status, _, info = request(port, "/info", key=KEY)
+    assert status == 200 and info["model"] == str(work["model_dir"])
+    assert len(info["export_hash"]) == 64 and len(info["chat_template_hash"]) == 64
+    assert info["normalization"] is None and info["normalize"] is False
+    assert info["max_sequence_length"] == int(MAX_LENGTH)
+
+
+def test_key_required_and_compared(work):
+    port = work["port"]
+    body = {"rows": work["rows"][:1]}
+    status, headers, answer = request(port, "/score", body)
+    assert status == 401 and headers["WWW-Authenticate"] == "Bearer"
+    assert answer["error"]["code"] == 401 and "token" in answer["error"]["message"]
+    assert request(port, "/score", body, key=KEY + "x")[0] == 401
+    assert request(port, "/info")[0] == 401
+    assert request(port, "/score", body, key=KEY)[0] == 200
+    assert request(port, "/health")[0] == 200
+
+
+def test_bad_requests_get_json_errors_and_the_server_lives(work):
+    port = work["port"]
+    cases = [
+        (b"{not json", 400),
+        (b"\xff\xfe", 400),
+        (b"[" * 100_00 + b"]" * 100_00, 400),  # nested deeper than the parser goes
+        (json.dumps({"rows": "x"}).encode(), 400),
+        (json.dumps([1, 2]).encode(), 400),
+        (json.dumps({"rows": []}).encode(), 400),
+        (json.dumps({"rows": [{"nothing": 1}]}).encode(), 422),
+        (json.dumps({"rows": [{"input_ids": [10**9]}]}).encode(), 422),
+        (json.dumps({"rows": [{"text": "a" * 3000}]}).encode(), 422),  # over --max-text-chars
+        (json.dumps({"rows": [{"text": "a"}] * 2000}).encode(), 413),  # over the row limit
+        (b" " * 70_000, 413),  # over --max-body-bytes
+    ]
+    for raw, want in cases:
+        status, _, answer = request(port, "/score", raw=raw, key=KEY)
+        assert status == want, (raw[:40], answer)
+        assert answer["error"]["code"] == want and answer["error"]["message"]
+    status, _, answer = request(port, "/get_reward", {"query": [3]}, key=KEY)
+    assert status == 400 and "query" in answer["error"]["message"]
+    assert request(port, "/nowhere", {}, key=KEY)[0] == 404
+    assert work["proc"].poll() is None
+    assert request(port, "/health")[0] == 200
+
+
+def test_200_concurrent_requests_each_get_their_own_rows(work):
+    """Requests of 1-3 rows at once: every answer holds its own rows' rewards, in order, equal to
+    the offline ones whatever batch they were gathered into."""
+    port, rows, ref = work["port"], work["rows"], work["reference"]
+    rng = np.random.default_rng(0)
+    picks = [rng.choice(len(rows), size=rng.integers(1, 4), replace=False) for _ in range(200)]
+
+    def one(index):
+        return request(port, "/score", {"rows": [rows[i] for i in index]}, key=KEY, timeout=60)
+
+    with ThreadPoolExecutor(32) as pool:
+        answers = list(pool.map(one, picks, timeout=120))
+    assert [a[0] for a in answers] == [200] * 200
+    for index, (_, _, body) in zip(picks, answers, strict=True):
+        close(body["rewards"], ref[index])
+
+
+def test_sigterm_drains_in_flight_requests_then_exits_0(work):
+    (proc, port), rows, ref = work["drain"], work["rows"], work["reference"]
+    with ThreadPoolExecutor(16) as pool:
+        futures = [
+            pool.submit(request, port, "/score", {"rows": rows[2 * i : 2 * i + 2]}, timeout=60)
+            for i in range(16)
+        ]
+        deadline = time.monotonic() + 30
+        while request(port, "/info")[2]["queue_rows"] < 32:  # all 16 admitted, waiting
+            assert time.monotonic() < deadline, "requests not admitted"
+            time.sleep(0.01)
+        # The queue holds 32 of its 40 rows: 16 more are refused, with a hint when to retry.
+        status, headers, answer = request(port, "/score", {"rows": rows[:16]})
+        assert status == 503 and headers["Retry-After"] == "1"
+        assert answer["error"]["code"] == 503
+        proc.send_signal(signal.SIGTERM)
+        answers = [f.result(timeout=60) for f in futures]
+    for i, (status, _, body) in enumerate(answers):
+        assert status == 200
+        close(body["rewards"], ref[2 * i : 2 * i + 2])
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 0, err
+    summary = json.loads(out.strip().splitlines()[-1])
+    assert summary["command"] == "serve" and summary["requests"] >= 16
+
+
+def test_reward_function_equals_score(work):
+    ref, texts = work["reference"], work["texts"]
+    reward = rx.reward_function(
+        work["model_dir"], batch_size=8, overrides=[f"data.max_sequence_length={MAX_LENGTH}"]
+    )
+    got = reward([PROMPT] * 20, texts[:20], trainer_state=None)
+    assert isinstance(got, list) and all(isinstance(r, float) for r in got)
+    close(got, ref[:20])
+    chats = reward(
+        [[{"role": "user", "content": "Rate it"}]] * 4,
+        [[{"role": "assistant", "content": t}] for t in texts[:4]],
+    )
+    close(chats, ref[40:44])
