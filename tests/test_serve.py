@@ -283,3 +283,35 @@ def test_reward_function_equals_score(work):
         [[{"role": "assistant", "content": t}] for t in texts[:4]],
     )
     close(chats, ref[40:44])
+
+
+def test_each_group_runs_the_smallest_program_that_holds_it(work):
+    """Rows per bucket program: 16, 4 and 1; any group size gives the offline rewards."""
+    from rewardax.serve import ServingModel
+
+    model = ServingModel(
+        work["model_dir"],
+        overrides=[f"data.max_sequence_length={MAX_LENGTH}"],
+        max_batch_rows=16,
+    )
+    assert set(map(tuple, model.info()["buckets"].values())) == {(1, 4, 16)}
+    calls: list[tuple[int, int]] = []  # (program rows, sequences given) of each call
+
+    class Program:
+        def __init__(self, batch_size):
+            self.batch_size = batch_size
+
+        def __call__(self, seqs):
+            calls.append((self.batch_size, len(seqs)))
+            return np.zeros(len(seqs))
+
+    ladder = [Program(1), Program(4), Program(16)]
+    for n, expected in ((1, [(1, 1)]), (3, [(4, 3)]), (5, [(16, 5)]), (20, [(16, 16), (4, 4)])):
+        calls.clear()
+        assert len(ServingModel._score_group(ladder, [np.zeros(2)] * n)) == n
+        assert calls == expected, (n, calls)
+    ref, texts = work["reference"], work["texts"]
+    rows = [{"prompt": PROMPT, "response": t} for t in texts[:20]]
+    ids = model.encode(rows)
+    for n in (1, 3, 5, 20):
+        close(model.rewards(ids[:n]), ref[:n])
