@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from rewardax.errors import ConfigError, DataError, ModelLoadError, RewardaxError
-from rewardax.model_dirs import config_for_model, run_config_path
+from rewardax.model_dirs import config_for_model, load_for_scoring, run_config_path
 
 ASSETS = resources.files("rewardax") / "assets"
 CONFIGS = resources.files("rewardax") / "configs"
@@ -352,10 +352,19 @@ def cmd_eval(args: argparse.Namespace, extra: list[str]) -> dict[str, Any]:
 # ------------------------------------------------------------------------------------------ score
 
 
+def _scoring_overrides(args: argparse.Namespace, extra: list[str]) -> list[str]:
+    """`--section.key=value` settings plus `--max-length` / `--truncation` (score and serve)."""
+    overrides = list(_overrides(extra))
+    if args.max_length:
+        overrides.append(f"data.max_sequence_length={args.max_length}")
+    if args.truncation:
+        overrides.append(f"data.truncation_mode={args.truncation}")
+    return overrides
+
+
 def cmd_score(args: argparse.Namespace, extra: list[str]) -> dict[str, Any]:
     from tqdm import tqdm
 
-    from rewardax.models import AutoRewardModel, ModelOptions, load_tokenizer
     from rewardax.scoring import (
         ResponseEncoder,
         RewardScorer,
@@ -371,16 +380,9 @@ def cmd_score(args: argparse.Namespace, extra: list[str]) -> dict[str, Any]:
         raise DataError(f"output file {output} exists; pass --overwrite to replace it")
     if not Path(args.input).is_file():
         raise DataError(f"input file {args.input} does not exist")
-    overrides = list(_overrides(extra))
-    if args.max_length:
-        overrides.append(f"data.max_sequence_length={args.max_length}")
-    if args.truncation:
-        overrides.append(f"data.truncation_mode={args.truncation}")
-    config = config_for_model(model_path, overrides)
+    overrides = _scoring_overrides(args, extra)
+    model_path, config, tokenizer, model = load_for_scoring(model_path, overrides, args.tokenizer)
     normalization = normalization_of(model_path) if args.normalize else None
-    tokenizer = load_tokenizer(args.tokenizer or model_path)
-    options = ModelOptions(dtype=config.model.dtype, num_labels=config.model.num_labels)
-    model = AutoRewardModel.load(model_path, options)
     encoder = ResponseEncoder(tokenizer, config.data)
     scorer = RewardScorer(
         model,
@@ -452,11 +454,7 @@ def cmd_serve(args: argparse.Namespace, extra: list[str]) -> dict[str, Any]:
             raise ConfigError(f"cannot read --api-key-file: {error}") from None
         if not api_key:
             raise ConfigError(f"--api-key-file {args.api_key_file} is empty")
-    overrides = list(_overrides(extra))
-    if args.max_length:
-        overrides.append(f"data.max_sequence_length={args.max_length}")
-    if args.truncation:
-        overrides.append(f"data.truncation_mode={args.truncation}")
+    overrides = _scoring_overrides(args, extra)
     model = ServingModel(
         local_model_path(args.model),
         overrides=overrides,

@@ -23,26 +23,12 @@ from typing import Any
 import numpy as np
 
 from rewardax.errors import ConfigError, DataError, ModelLoadError
+from rewardax.model_dirs import load_for_scoring
 
 # Rows of one forward pass are capped so that a program of the shortest bucket does not pad a lone
 # request to thousands of rows.
 DEFAULT_MAX_BATCH_ROWS = 64
 DEFAULT_MAX_BATCH_TOKENS = 16384
-
-
-def _load(model_dir: str, overrides: Sequence[str], tokenizer_path: str | None):
-    """(path, config, tokenizer, model) loaded as `rewardax score` loads them (cli.cmd_score)."""
-    from rewardax.hub import resolve_model_path
-    from rewardax.model_dirs import config_for_model
-    from rewardax.models import AutoRewardModel, load_tokenizer
-
-    path = str(resolve_model_path(str(model_dir)))
-    config = config_for_model(path, list(overrides))
-    tokenizer = load_tokenizer(tokenizer_path or path)
-    model = AutoRewardModel.from_pretrained(
-        path, dtype=config.model.dtype, num_labels=config.model.num_labels
-    )
-    return path, config, tokenizer, model
 
 
 def _stored_normalization(path: str) -> dict[str, float] | None:
@@ -114,8 +100,8 @@ class ServingModel:
                 f"max_batch_tokens ({max_batch_tokens}) and max_batch_rows ({max_batch_rows}) "
                 "must be at least 1"
             )
-        self.path, self.config, self.tokenizer, model = _load(
-            str(model_dir), overrides, tokenizer_path
+        self.path, self.config, self.tokenizer, model = load_for_scoring(
+            str(model_dir), list(overrides), tokenizer_path
         )
         self.normalization = normalization_of(self.path) if normalize else None
         self.stored_normalization = self.normalization or _stored_normalization(self.path)
@@ -285,7 +271,7 @@ def reward_function(
         score_rows,
     )
 
-    path, config, tokenizer, model = _load(str(model_dir), overrides, None)
+    path, config, tokenizer, model = load_for_scoring(str(model_dir), list(overrides))
     normalization = normalization_of(path) if normalize else None
     encoder = ResponseEncoder(tokenizer, config.data)
     scorer = RewardScorer(
