@@ -68,12 +68,9 @@ class PairRewards:
         return result
 
 
-# What the eval step takes of a (padded) eval batch; it also carries row_index.
-_STEP_KEYS = ("input_ids", "attention_mask", "reward_index", "margin", "pair_mask")
-
-
 def _model_inputs(batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-    return {k: batch[k] for k in _STEP_KEYS}
+    """What the eval step takes of a (padded) eval batch; it also carries row_index."""
+    return {k: batch[k] for k in rdata.BATCH_KEYS}
 
 
 class PairScorer:

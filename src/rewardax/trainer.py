@@ -633,9 +633,6 @@ class RewardTrainer:
             signal.signal(sig, handler)
 
 
-_MODEL_KEYS = ("input_ids", "attention_mask", "reward_index", "margin", "pair_mask")
-
-
 def _model_inputs(batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     """The arrays the jitted steps take (eval batches also carry bookkeeping such as row_index).
 
@@ -644,7 +641,7 @@ def _model_inputs(batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     if "reward_slot" in batch:
         keys = rdata.SHARED_PROMPT_KEYS if "branch_ids" in batch else rdata.PACKED_KEYS
         return {k: batch[k] for k in keys}
-    return {k: batch[k] for k in _MODEL_KEYS}
+    return {k: batch[k] for k in rdata.BATCH_KEYS}
 
 
 def _looks_like_row(d: Mapping) -> bool:
