@@ -1,6 +1,6 @@
 """TPU throughput of RewardTrainer's jitted step, today's kernels against the backend's (issue 28).
 
-    python benchmarks/tpu_bench.py [--set kernels|remat] [--budget-s 420] [--steps 8] [--out DIR] [--tiny]
+    python benchmarks/tpu_bench.py [--set kernels|remat|remat2|tune] [--budget-s 420] [--steps 8] [--out DIR] [--tiny]
 
 Random-init models of real shapes (SmolLM2-135M, Qwen2.5-0.5B, Qwen2.5-1.5B), bf16 compute, float32
 parameters and Adam moments (bf16 both for 1.5B), padded rows of exactly T tokens, remat `full`,
@@ -110,7 +110,7 @@ class Job:
     batches: tuple[int, ...]  # pairs per step, largest first
     param_dtype: str = "float32"
     remat: str = "full"
-    tiles: tuple[int, int, bool] | None = None  # splash (block_q, block_kv, fused); None: the best
+    tiles: dict | None = None  # splash tiles, `Kernels` fields; None: the attention bench's best
 
 
 # In priority order (the budget cuts the tail): issue 28's targets, old vs new, then the rest.
@@ -130,7 +130,13 @@ JOBS = [
 REMAT_JOBS = [
     Job("qwen2.5-0.5b", 2048, "pallas", (8, 4), remat="save_dots"),
     Job("qwen2.5-0.5b", 2048, "pallas", (4, 2), remat="none"),
-    Job("qwen2.5-0.5b", 512, "pallas", (32, 16), tiles=(256, 256, True)),
+    Job(
+        "qwen2.5-0.5b",
+        512,
+        "pallas",
+        (32, 16),
+        tiles=dict(block_q=256, block_kv=256, fused_backward=True),
+    ),
     Job("qwen2.5-0.5b", 512, "pallas", (32, 16), remat="save_dots"),
     Job("qwen2.5-0.5b", 512, "xla", (32, 16)),
     Job("smollm2-135m", 2048, "pallas", (16, 8), remat="save_dots"),
@@ -145,6 +151,17 @@ REMAT2_JOBS = [
     Job("smollm2-135m", 2048, "cpu", (4,), remat="none"),
     Job("smollm2-135m", 512, "pallas", (16, 8), remat="none"),
 ]
+# `--set tune`: splash tiles swept with separate forward and backward tiles (the best of each
+# composed), then remat "save_attention" (no second attention forward) against "none"/"full".
+TUNE_JOBS = [
+    Job("smollm2-135m", 2048, "pallas", (16, 8), remat="save_attention"),
+    Job("smollm2-135m", 2048, "pallas", (4,), remat="none"),
+    Job("qwen2.5-0.5b", 2048, "pallas", (8, 4), remat="save_attention"),
+    Job("qwen2.5-0.5b", 512, "pallas", (32, 16), remat="save_attention"),
+    Job("qwen2.5-1.5b", 2048, "pallas", (2, 1), param_dtype="bfloat16", remat="save_attention"),
+    Job("qwen2.5-0.5b", 2048, "pallas", (8,)),
+    Job("smollm2-135m", 512, "pallas", (32, 16), remat="save_attention"),
+]
 TINY_JOBS = [
     Job("qwen2.5-0.5b", 256, "pallas", (4, 2)),
     Job("qwen2.5-0.5b", 256, "cpu", (2,)),
@@ -153,6 +170,44 @@ TINY_JOBS = [
 
 # Splash tiles tried in the attention benchmark: (block_q, block_kv, fused backward).
 SPLASH_TILES = [(512, 512, False), (1024, 1024, False), (512, 512, True)]
+# `--set tune`: (block_q, block_kv, block_kv_compute, bwd_block_q, bwd_block_kv), fused backward.
+# The forward and the backward kernels are timed in one program; the fastest forward tiles
+# (by forward time) and the fastest backward tiles (by fwd+bwd - fwd) are composed.
+TUNE_TILES = [
+    (512, 512, 512, 512, 512),
+    (1024, 512, 512, 512, 512),
+    (2048, 512, 512, 512, 512),
+    (1024, 1024, 512, 512, 512),
+    (2048, 1024, 512, 512, 512),
+    (1024, 1024, 1024, 1024, 1024),
+    (512, 512, 256, 1024, 512),
+    (512, 512, 512, 512, 1024),
+    (512, 512, 512, 1024, 1024),
+    (512, 512, 512, 256, 512),
+    (512, 512, 512, 2048, 512),
+]
+
+
+def tile_fields(tiles: tuple[int, ...]) -> dict:
+    bq, bkv, bkvc, bbq, bbkv = tiles
+    return dict(
+        block_q=bq,
+        block_kv=bkv,
+        block_kv_compute=bkvc,
+        bwd_block_q=bbq,
+        bwd_block_kv=bbkv,
+        fused_backward=True,
+    )
+
+
+def tile_name(k: Any) -> str:
+    """`Kernels` (or its tile fields as a dict) -> "splash fwd 512x512/512 bwd 512x512 fused"."""
+    get = k.get if isinstance(k, dict) else lambda f: getattr(k, f)
+    bq, bkv = get("block_q"), get("block_kv")
+    bkvc = get("block_kv_compute") or bkv
+    bbq, bbkv = get("bwd_block_q") or bq, get("bwd_block_kv") or bkv
+    fused = " fused" if get("fused_backward") else ""
+    return f"splash fwd {bq}x{bkv}/{bkvc} bwd {bbq}x{bbkv}{fused}"
 
 
 class Recorder:
@@ -233,9 +288,10 @@ def error_text(exc: BaseException) -> str:
 # ------------------------------------------------------------------------ attention alone
 
 
-def attention_bench(rows: int, t: int, args, rec: Recorder) -> tuple[int, int, bool] | None:
+def attention_bench(rows: int, t: int, args, rec: Recorder) -> dict | None:
     """Times each attention at `rows` x `t` (Qwen2.5-0.5B heads); returns the fastest splash
-    tiles (fwd+bwd), or None when none ran."""
+    tiles (`Kernels` fields), or None when none ran. `--set tune`: splash tiles only, the
+    fastest forward and backward tiles composed."""
     h, kv, d = (4, 2, 64) if args.tiny else (14, 2, 64)
     r = np.random.default_rng(0)
     q = jnp.asarray(r.normal(size=(rows, t, h, d)), jnp.bfloat16)
@@ -263,56 +319,87 @@ def attention_bench(rows: int, t: int, args, rec: Recorder) -> tuple[int, int, b
             mask,
         ),
     }
-    tiles = [(128, 128, False)] if args.tiny else SPLASH_TILES
-    for bq, bkv, fused in tiles:
-        impls[f"splash {bq}x{bkv}{' fused' if fused else ''}"] = (
-            lambda q, k, v, s, bq=bq, bkv=bkv, fused=fused: splash_attention(
-                q,
-                k,
-                v,
-                s,
-                scale,
-                block_q=bq,
-                block_kv=bkv,
-                fused_backward=fused,
-                interpret=interpret,
+    if args.set == "tune":
+        impls = {}
+        sweep = [(128, 128, 128, 128, 128)] if args.tiny else TUNE_TILES
+        tile_sets = [tile_fields(tiles) for tiles in sweep]
+    else:
+        sweep = [(128, 128, False)] if args.tiny else SPLASH_TILES
+        tile_sets = [dict(block_q=a, block_kv=b, fused_backward=f) for a, b, f in sweep]
+    fields_of = {}
+    for fields in tile_sets:
+        fields_of[tile_name(fields)] = fields
+        impls[tile_name(fields)] = (
+            lambda q, k, v, s, fields=fields: splash_attention(
+                q, k, v, s, scale, interpret=interpret, **fields
             ),
             seg,
         )
     flops = 3.5 * 2 * rows * h * t * t * d
-    best: tuple[float, tuple[int, int, bool]] | None = None
+    best: tuple[float, dict] | None = None
+    forward_best: tuple[float, dict] | None = None
+    backward_best: tuple[float, dict] | None = None
     for name, (fn, aux) in impls.items():
         if time.monotonic() - START > args.budget_s - 20:
             rec.add({"kind": "attention", "impl": name, "rows": rows, "T": t, "status": "budget"})
             continue
         row: dict[str, Any] = {"kind": "attention", "impl": name, "rows": rows, "T": t}
         try:
-            cot = jnp.ones((rows, t, h, d), jnp.bfloat16)
-
-            def fwd_bwd(q, k, v, aux, fn=fn, cot=cot):
-                out, vjp = jax.vjp(lambda q, k, v: fn(q, k, v, aux), q, k, v)
-                return vjp(cot.astype(out.dtype))
-
             fwd = jax.jit(fn).lower(q, k, v, aux).compile()
-            both = jax.jit(fwd_bwd).lower(q, k, v, aux).compile()
+            both = forward_backward(fn).lower(q, k, v, aux).compile()
             row["hbm_gib"] = hbm_gib(both)
             row["fwd_ms"] = 1e3 * median_seconds(fwd, (q, k, v, aux), args.attn_iters)
             row["fwd_bwd_ms"] = 1e3 * median_seconds(both, (q, k, v, aux), args.attn_iters)
             row["fwd_bwd_peak"] = flops / (row["fwd_bwd_ms"] / 1e3) / PEAK_FLOPS
             row["status"] = "ok"
-            if name.startswith("splash") and (best is None or row["fwd_bwd_ms"] < best[0]):
-                best = (row["fwd_bwd_ms"], _tiles_of(name))
+            if name in fields_of:
+                fields = fields_of[name]
+                if best is None or row["fwd_bwd_ms"] < best[0]:
+                    best = (row["fwd_bwd_ms"], fields)
+                if forward_best is None or row["fwd_ms"] < forward_best[0]:
+                    forward_best = (row["fwd_ms"], fields)
+                backward_ms = row["fwd_bwd_ms"] - row["fwd_ms"]
+                if backward_best is None or backward_ms < backward_best[0]:
+                    backward_best = (backward_ms, fields)
         except Exception as exc:  # one configuration's failure is a result, not the run's end
             row["status"] = error_text(exc)
             traceback.print_exc()
         rec.add(row)
         gc.collect()
+    if args.set == "tune" and forward_best is not None and backward_best is not None:
+        fwd, bwd = forward_best[1], backward_best[1]
+        composed = {
+            **fwd,
+            "bwd_block_q": bwd["bwd_block_q"],
+            "bwd_block_kv": bwd["bwd_block_kv"],
+        }
+        if composed != best[1]:  # measure the composition too; keep whichever is faster
+            row = {"kind": "attention", "impl": tile_name(composed) + " (composed)"}
+            row |= {"rows": rows, "T": t}
+            try:
+                fn = lambda q, k, v, s: splash_attention(  # noqa: E731
+                    q, k, v, s, scale, interpret=interpret, **composed
+                )
+                both = forward_backward(fn).lower(q, k, v, seg).compile()
+                row["fwd_bwd_ms"] = 1e3 * median_seconds(both, (q, k, v, seg), args.attn_iters)
+                row["fwd_bwd_peak"] = flops / (row["fwd_bwd_ms"] / 1e3) / PEAK_FLOPS
+                row["status"] = "ok"
+                if row["fwd_bwd_ms"] < best[0]:
+                    best = (row["fwd_bwd_ms"], composed)
+            except Exception as exc:
+                row["status"] = error_text(exc)
+            rec.add(row)
     return None if best is None else best[1]
 
 
-def _tiles_of(name: str) -> tuple[int, int, bool]:
-    bq, bkv = name.split()[1].split("x")
-    return int(bq), int(bkv), name.endswith("fused")
+def forward_backward(fn):
+    """jit(q, k, v, aux -> gradients of q, k, v under a cotangent of ones)."""
+
+    def run(q, k, v, aux):
+        out, vjp = jax.vjp(lambda q, k, v: fn(q, k, v, aux), q, k, v)
+        return vjp(jnp.ones_like(out))
+
+    return jax.jit(run)
 
 
 def median_seconds(fn, fn_args: tuple, iters: int) -> float:
@@ -354,13 +441,8 @@ def train_job(job: Job, kernels: Kernels, args, rec: Recorder, workdir: str) -> 
     }
     chosen = kernels if job.kernels == "pallas" else select_kernels(job.kernels)
     if job.tiles is not None and chosen.attention == "splash":
-        bq, bkv, fused = job.tiles
-        chosen = dataclasses.replace(chosen, block_q=bq, block_kv=bkv, fused_backward=fused)
-    base["attention"] = chosen.attention + (
-        f" {chosen.block_q}x{chosen.block_kv}{' fused' if chosen.fused_backward else ''}"
-        if chosen.attention == "splash"
-        else ""
-    )
+        chosen = dataclasses.replace(chosen, **job.tiles)
+    base["attention"] = tile_name(chosen) if chosen.attention == "splash" else chosen.attention
     for pairs in job.batches:
         if time.monotonic() - START > args.budget_s - args.reserve_s:
             rec.add({**base, "pairs": pairs, "status": "skipped: budget"})
@@ -467,7 +549,7 @@ def main() -> None:
     parser.add_argument(
         "--set",
         default="kernels",
-        choices=("kernels", "remat", "remat2"),
+        choices=("kernels", "remat", "remat2", "tune"),
         help="which job list to run",
     )
     parser.add_argument("--out", default=os.environ.get("OUT") or "tpu_bench_out")
@@ -487,19 +569,17 @@ def main() -> None:
     )
     # Attention alone first (cheap compiles); its fastest splash tiles serve the models.
     kernels = select_kernels("pallas")
-    if args.set != "kernels":  # the kernels run's best tiles (benchmarks/README.md, 2026-12-05)
+    if args.set in ("remat", "remat2"):  # the kernels run's best (benchmarks/README.md, 12-05)
         kernels = dataclasses.replace(kernels, block_q=512, block_kv=512, fused_backward=True)
     else:
         try:
             best = attention_bench(2 if args.tiny else 16, 256 if args.tiny else 2048, args, rec)
             if best is not None and not args.tiny:
-                bq, bkv, fused = best
-                kernels = dataclasses.replace(
-                    kernels, block_q=bq, block_kv=bkv, fused_backward=fused
-                )
+                kernels = dataclasses.replace(kernels, **best)
         except Exception as exc:
             rec.add({"kind": "attention", "status": error_text(exc)})
-    jobs = {"kernels": JOBS, "remat": REMAT_JOBS, "remat2": REMAT2_JOBS}[args.set]
+    sets = {"kernels": JOBS, "remat": REMAT_JOBS, "remat2": REMAT2_JOBS, "tune": TUNE_JOBS}
+    jobs = sets[args.set]
     if args.tiny:
         jobs = (
             [dataclasses.replace(j, length=128, batches=(2,)) for j in jobs]

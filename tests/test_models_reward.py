@@ -142,7 +142,7 @@ def test_remat_policies_give_the_same_gradients():
     ref = grads("none")
     # Recomputation inside the scanned layers lets XLA fuse (and so round) differently: float32
     # noise of order 1e-5 on gradients of order 1; a wrong policy gives errors of order 1.
-    for policy in ("full", "save_dots"):
+    for policy in ("full", "save_dots", "save_attention"):
         for a, b in zip(ref, grads(policy), strict=True):
             np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=1e-4, rtol=1e-4)
 
@@ -352,6 +352,11 @@ def test_mixed_matmuls_of_one_input_equal_autodiff_of_separate_dots():
     zero contributes nothing."""
     from rewardax.models.transformer import mixed_matmuls
 
+    with jax.default_matmul_precision("highest"):  # float32 products on every backend
+        _check_mixed_matmuls(mixed_matmuls)
+
+
+def _check_mixed_matmuls(mixed_matmuls) -> None:
     for k in (6, 7):
         keys = jax.random.split(jax.random.key(10 + k), 7)
         x = jax.random.normal(keys[0], (5, k))
@@ -456,8 +461,9 @@ def test_attention_backward_equals_autodiff_of_softmax_attention(dtype):
     def loss(f):
         return jax.value_and_grad(lambda *a: jnp.sum(f(*a) * w), argnums=(0, 1, 2))
 
-    got, got_grads = loss(lambda q, k, v: attend(q, k, v, mask, scale))(q, k, v)
-    want, want_grads = loss(reference)(q, k, v)
+    with jax.default_matmul_precision("highest"):  # float32 products on every backend
+        got, got_grads = loss(lambda q, k, v: attend(q, k, v, mask, scale))(q, k, v)
+        want, want_grads = loss(reference)(q, k, v)
     tol = 1e-5 if dtype == "float32" else 2e-2
     np.testing.assert_allclose(got, want, rtol=tol)
     out = attend(q, k, v, mask, scale)

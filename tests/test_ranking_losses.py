@@ -15,6 +15,7 @@ import pytest
 from rewardax import losses
 from rewardax import ranking_losses as rl
 from rewardax.errors import DataError
+from tolerances import F32_RTOL, NUMERIC_GRAD_ATOL
 
 
 def softplus(x: float) -> float:
@@ -71,7 +72,7 @@ def test_plackett_luce_golden_value_three_responses():
     expected = math.log(math.e**2 + math.e + 1) - 2 + math.log(math.e + 1) - 1
     assert expected == pytest.approx(0.720868, abs=1e-6)
     assert got.shape == (1,) and got.dtype == jnp.float32
-    np.testing.assert_allclose(got, [expected], rtol=1e-6)
+    np.testing.assert_allclose(got, [expected], rtol=F32_RTOL)
 
 
 def test_plackett_luce_permuted_ranks_and_padding_match_the_reference():
@@ -82,8 +83,8 @@ def test_plackett_luce_permuted_ranks_and_padding_match_the_reference():
     # Row 0: order -1.2, 2.0, 0.3 -> log(e^-1.2 + e^2 + e^0.3) + 1.2 + log(e^2 + e^0.3) - 2.
     row0 = math.log(math.exp(-1.2) + math.exp(2.0) + math.exp(0.3)) + 1.2
     row0 += math.log(math.exp(2.0) + math.exp(0.3)) - 2.0
-    np.testing.assert_allclose(got[0], row0, rtol=1e-6)
-    np.testing.assert_allclose(got, plackett_luce_reference(rewards, ranks, mask), rtol=1e-6)
+    np.testing.assert_allclose(got[0], row0, rtol=F32_RTOL)
+    np.testing.assert_allclose(got, plackett_luce_reference(rewards, ranks, mask), rtol=F32_RTOL)
 
 
 def test_plackett_luce_with_two_responses_is_bradley_terry():
@@ -92,10 +93,10 @@ def test_plackett_luce_with_two_responses_is_bradley_terry():
     ranks = np.tile([0, 1], (6, 1))
     got = rl.plackett_luce_loss(np.stack([best, other], 1), ranks, np.ones((6, 2)))
     # log(e^a + e^b) - a = log(1 + e^(b - a)) = -log σ(a - b).
-    np.testing.assert_allclose(got, losses.bradley_terry_loss(best, other), rtol=1e-6)
+    np.testing.assert_allclose(got, losses.bradley_terry_loss(best, other), rtol=F32_RTOL)
     # The same with the best response second.
     swapped = rl.plackett_luce_loss(np.stack([other, best], 1), ranks[:, ::-1], np.ones((6, 2)))
-    np.testing.assert_allclose(swapped, got, rtol=1e-6)
+    np.testing.assert_allclose(swapped, got, rtol=F32_RTOL)
 
 
 def test_plackett_luce_ties_share_their_risk_set():
@@ -104,7 +105,7 @@ def test_plackett_luce_ties_share_their_risk_set():
     )
     # Breslow: both tied responses are picked from {1, 0, -1}, then -1 from itself.
     z = math.log(math.e + 1 + math.exp(-1.0))  # 1.407606
-    np.testing.assert_allclose(got, [2 * z - 1.0 - 0.0], rtol=1e-6)
+    np.testing.assert_allclose(got, [2 * z - 1.0 - 0.0], rtol=F32_RTOL)
 
 
 def test_plackett_luce_rows_with_fewer_than_two_responses_are_zero():
@@ -116,7 +117,7 @@ def test_plackett_luce_rows_with_fewer_than_two_responses_are_zero():
         return rl.plackett_luce_loss(r, ranks, mask)
 
     # Row 2: 0.5 (rank -3) is best: log(e^0.5 + e^2) - 0.5 = -log σ(0.5 - 2) = 1.701413.
-    np.testing.assert_allclose(loss(rewards), [0.0, 0.0, softplus(-1.5)], rtol=1e-6)
+    np.testing.assert_allclose(loss(rewards), [0.0, 0.0, softplus(-1.5)], rtol=F32_RTOL)
     # A fully padded row (empty risk sets, NaN rewards) gives zero gradient, not NaN.
     grads = jax.grad(lambda r: jnp.sum(loss(r)))(rewards)
     np.testing.assert_array_equal(grads[:2], np.zeros((2, 2)))
@@ -132,7 +133,7 @@ def test_plackett_luce_gradient_matches_numeric_differences_and_skips_padding():
         jnp.asarray(rewards, jnp.float32)
     )
     numeric = numeric_gradient(lambda r: plackett_luce_reference(r, ranks, mask).sum(), rewards)
-    np.testing.assert_allclose(got, numeric, atol=1e-5)
+    np.testing.assert_allclose(got, numeric, atol=NUMERIC_GRAD_ATOL)
     assert float(got[0, 3]) == 0.0  # the padded response gets no gradient
 
 
@@ -158,7 +159,7 @@ def test_all_pairs_golden_value_three_responses():
     # Pairs (2 vs 1), (2 vs 0), (1 vs 0): differences 1, 2, 1.
     expected = (softplus(1.0) + softplus(2.0) + softplus(1.0)) / 3  # (0.313262·2 + 0.126928) / 3
     assert expected == pytest.approx(0.251150, abs=1e-6)
-    np.testing.assert_allclose(got, [expected], rtol=1e-6)
+    np.testing.assert_allclose(got, [expected], rtol=F32_RTOL)
 
 
 def test_all_pairs_ties_padding_and_margin_match_the_reference():
@@ -174,8 +175,10 @@ def test_all_pairs_ties_padding_and_margin_match_the_reference():
     # Row 1: 1 beats 0 (d = 1.5 - 0.5 - 1 = 0), 1 beats 2, 1 beats 3, 0 beats 2, 0 beats 3;
     # 2 and 3 are tied. d = 0, 2, 1.5, 1, 0.5.
     row1 = (math.log(2) + softplus(2.0) + softplus(1.5) + softplus(1.0) + softplus(0.5)) / 5
-    np.testing.assert_allclose(got, [row0, row1], rtol=1e-6)
-    np.testing.assert_allclose(got, all_pairs_reference(rewards, ranks, mask, margin), rtol=1e-6)
+    np.testing.assert_allclose(got, [row0, row1], rtol=F32_RTOL)
+    np.testing.assert_allclose(
+        got, all_pairs_reference(rewards, ranks, mask, margin), rtol=F32_RTOL
+    )
 
 
 def test_all_pairs_with_two_responses_is_the_pairwise_loss_with_margin():
@@ -186,7 +189,7 @@ def test_all_pairs_with_two_responses_is_the_pairwise_loss_with_margin():
     got = rl.all_pairs_bradley_terry_loss(
         np.stack([chosen, rejected], 1), np.tile([0, 1], (5, 1)), np.ones((5, 2)), margin
     )
-    np.testing.assert_allclose(got, losses.bradley_terry_loss(chosen, rejected, gap), rtol=1e-6)
+    np.testing.assert_allclose(got, losses.bradley_terry_loss(chosen, rejected, gap), rtol=F32_RTOL)
 
 
 def test_all_pairs_row_without_pairs_is_zero_and_gradient_matches_numeric():
@@ -199,9 +202,9 @@ def test_all_pairs_row_without_pairs_is_zero_and_gradient_matches_numeric():
         jnp.asarray(rewards, jnp.float32)
     )
     numeric = numeric_gradient(lambda r: all_pairs_reference(r, ranks, mask).sum(), rewards)
-    np.testing.assert_allclose(grad, numeric, atol=1e-5)
+    np.testing.assert_allclose(grad, numeric, atol=NUMERIC_GRAD_ATOL)
     # Only pair: response 1 (rank 0) beats response 0 (rank 2), d = -0.7: σ(d) - 1 for the winner.
-    assert float(grad[1, 1]) == pytest.approx(1 / (1 + math.exp(0.7)) - 1, rel=1e-5)
+    assert float(grad[1, 1]) == pytest.approx(1 / (1 + math.exp(0.7)) - 1, rel=10 * F32_RTOL)
 
 
 def test_listwise_losses_accumulate_exactly_over_microbatches():
@@ -217,7 +220,7 @@ def test_listwise_losses_accumulate_exactly_over_microbatches():
             jnp.sum(jnp.where(rows[s] > 0, loss_fn(rewards[s], ranks[s], mask[s]), 0.0))
             for s in (slice(0, 2), slice(2, 6))
         )
-        np.testing.assert_allclose(summed / 5.0, whole, rtol=1e-6)
+        np.testing.assert_allclose(summed / 5.0, whole, rtol=F32_RTOL)
 
 
 @pytest.mark.parametrize("loss_fn", [rl.plackett_luce_loss, rl.all_pairs_bradley_terry_loss])
@@ -230,7 +233,7 @@ def test_listwise_shapes_are_checked_and_bfloat16_upcast(loss_fn):
         loss_fn(jnp.zeros(3), jnp.zeros(3), jnp.ones(3))
     got = loss_fn(jnp.array([[1.0, 0.5]], jnp.bfloat16), jnp.array([[0, 1]]), jnp.ones((1, 2)))
     assert got.dtype == jnp.float32
-    np.testing.assert_allclose(got, [softplus(0.5)], rtol=1e-6)
+    np.testing.assert_allclose(got, [softplus(0.5)], rtol=F32_RTOL)
 
 
 # --- Davidson and Rao-Kupper ties ----------------------------------------------------------------
@@ -242,9 +245,9 @@ def test_davidson_golden_values():
     chosen = jnp.array([math.log(4.0), math.log(4.0), 0.0, 0.0])
     tie = jnp.array([0, 1, 0, 1])
     got = rl.davidson_loss(chosen, jnp.zeros(4), tie, math.log(0.5))
-    np.testing.assert_allclose(got[:2], [math.log(1.5), math.log(6.0)], rtol=1e-6)
+    np.testing.assert_allclose(got[:2], [math.log(1.5), math.log(6.0)], rtol=F32_RTOL)
     got = rl.davidson_loss(chosen, jnp.zeros(4), tie, 0.0)
-    np.testing.assert_allclose(got[2:], [math.log(3.0), math.log(3.0)], rtol=1e-6)
+    np.testing.assert_allclose(got[2:], [math.log(3.0), math.log(3.0)], rtol=F32_RTOL)
 
 
 def test_davidson_without_ties_reduces_to_bradley_terry():
@@ -253,10 +256,12 @@ def test_davidson_without_ties_reduces_to_bradley_terry():
     no_tie = np.zeros(5)
     # ν = 0 (Davidson 1970, §2): P(i ≻ j) = π_i / (π_i + π_j), Bradley-Terry's.
     got = rl.davidson_loss(chosen, rejected, no_tie, -jnp.inf, margin)
-    np.testing.assert_allclose(got, losses.bradley_terry_loss(chosen, rejected, margin), rtol=1e-6)
+    np.testing.assert_allclose(
+        got, losses.bradley_terry_loss(chosen, rejected, margin), rtol=F32_RTOL
+    )
     grads = jax.grad(lambda c: jnp.sum(rl.davidson_loss(c, rejected, no_tie, -jnp.inf)))(chosen)
     bt_grads = jax.grad(lambda c: jnp.sum(losses.bradley_terry_loss(c, rejected)))(chosen)
-    np.testing.assert_allclose(grads, bt_grads, rtol=1e-6)
+    np.testing.assert_allclose(grads, bt_grads, rtol=F32_RTOL)
 
 
 @pytest.mark.parametrize("loss_fn", [rl.davidson_loss, rl.rao_kupper_loss])
@@ -269,8 +274,8 @@ def test_tie_models_probabilities_sum_to_one_and_ties_are_symmetric(loss_fn):
 
     # P(c ≻ r) + P(r ≻ c) + P(tie) = 1 for every pair.
     total = prob(chosen, rejected, 0) + prob(rejected, chosen, 0) + prob(chosen, rejected, 1)
-    np.testing.assert_allclose(total, 1.0, rtol=1e-6)
-    np.testing.assert_allclose(prob(chosen, rejected, 1), prob(rejected, chosen, 1), rtol=1e-6)
+    np.testing.assert_allclose(total, 1.0, rtol=F32_RTOL)
+    np.testing.assert_allclose(prob(chosen, rejected, 1), prob(rejected, chosen, 1), rtol=F32_RTOL)
 
 
 def test_davidson_tie_parameter_gradient_matches_numeric_differences():
@@ -285,7 +290,7 @@ def test_davidson_tie_parameter_gradient_matches_numeric_differences():
 
     got = jax.grad(lambda t: jnp.sum(rl.davidson_loss(chosen, rejected, tie, t)))(0.25)
     assert float(jnp.sum(rl.davidson_loss(chosen, rejected, tie, 0.25))) == pytest.approx(
-        reference(0.25), rel=1e-6
+        reference(0.25), rel=F32_RTOL
     )
     numeric = (reference(0.25 + 1e-6) - reference(0.25 - 1e-6)) / 2e-6
     assert float(got) == pytest.approx(numeric, rel=1e-4)
@@ -298,7 +303,7 @@ def test_davidson_margin_applies_to_preferred_pairs_only():
     # Preferred pair: d = 1 - 0 - 1 = 0 -> log 3; tied pair: d = 1, margin ignored.
     assert float(with_margin[0]) == pytest.approx(float(without[0]))
     assert float(with_margin[1]) == pytest.approx(
-        math.log(math.exp(0.5) + math.exp(-0.5) + 1.0), rel=1e-6
+        math.log(math.exp(0.5) + math.exp(-0.5) + 1.0), rel=F32_RTOL
     )
 
 
@@ -308,7 +313,7 @@ def test_rao_kupper_golden_values():
     chosen = jnp.array([0.0, 0.0, math.log(2.0), math.log(2.0)])
     got = rl.rao_kupper_loss(chosen, jnp.zeros(4), jnp.array([0, 1, 0, 1]), math.log(2.0))
     expected = [math.log(3.0), math.log(3.0), math.log(2.0), -math.log(0.3)]
-    np.testing.assert_allclose(got, expected, rtol=1e-6)
+    np.testing.assert_allclose(got, expected, rtol=F32_RTOL)
 
 
 def test_rao_kupper_preferred_pairs_are_bradley_terry_with_margin_eta():
@@ -317,19 +322,19 @@ def test_rao_kupper_preferred_pairs_are_bradley_terry_with_margin_eta():
     eta = 0.3
     got = rl.rao_kupper_loss(chosen, rejected, np.zeros(5), eta, margin)
     bt = losses.bradley_terry_loss(chosen, rejected, margin + eta)
-    np.testing.assert_allclose(got, bt, rtol=1e-6)
+    np.testing.assert_allclose(got, bt, rtol=F32_RTOL)
     # η = 0 (θ = 1, Rao & Kupper 1967): plain Bradley-Terry, and a tie is impossible.
     np.testing.assert_allclose(
         rl.rao_kupper_loss(chosen, rejected, np.zeros(5), 0.0),
         losses.bradley_terry_loss(chosen, rejected),
-        rtol=1e-6,
+        rtol=F32_RTOL,
     )
     assert float(rl.rao_kupper_loss(jnp.zeros(1), jnp.zeros(1), jnp.ones(1), 0.0)[0]) == jnp.inf
     # With no tie the gradient in η at 0 is finite (the tie branch's log(e^{2η} - 1) = -inf at
     # η = 0 must not leak a NaN): d/dη [-log σ(d - η)] = 1 - σ(d - η), at η = 0: Σ 1 - σ(d).
     grad = jax.grad(lambda e: jnp.sum(rl.rao_kupper_loss(chosen, rejected, np.zeros(5), e)))(0.0)
     d = chosen.astype(np.float64) - rejected
-    assert float(grad) == pytest.approx(float(np.sum(1 - 1 / (1 + np.exp(-d)))), rel=1e-5)
+    assert float(grad) == pytest.approx(float(np.sum(1 - 1 / (1 + np.exp(-d)))), rel=10 * F32_RTOL)
 
 
 def test_rao_kupper_gradient_matches_numeric_differences():
@@ -347,7 +352,9 @@ def test_rao_kupper_gradient_matches_numeric_differences():
     got = jax.grad(lambda a: jnp.sum(rl.rao_kupper_loss(a[:3], rejected, tie, a[3])))(
         jnp.asarray(point, jnp.float32)
     )
-    np.testing.assert_allclose(got, numeric_gradient(reference, point), rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(
+        got, numeric_gradient(reference, point), rtol=1e-4, atol=NUMERIC_GRAD_ATOL
+    )
 
 
 def test_tie_models_check_shapes():
@@ -372,11 +379,11 @@ def test_gaussian_nll_golden_values_fixed_and_predicted_variance():
     half_log_2pi = 0.5 * math.log(2 * math.pi)  # 0.918939
     # Fixed σ² = 4: ½(log 2π + log 4 + (3 - 1)²/4) = 0.918939 + 0.693147 + 0.5 = 2.112086.
     fixed = rl.gaussian_nll_loss(jnp.array([1.0]), jnp.array([3.0]), math.log(4.0))
-    np.testing.assert_allclose(fixed, [2.112086], rtol=1e-6)
+    np.testing.assert_allclose(fixed, [2.112086], rtol=F32_RTOL)
     # Predicted variances per row: σ² = 1 and σ² = e²: ½(log 2π + 0 + 1) and ½(log 2π + 2 + 4/e²).
     got = rl.gaussian_nll_loss(jnp.array([0.0, 0.0]), jnp.array([1.0, 2.0]), jnp.array([0.0, 2.0]))
     expected = [half_log_2pi + 0.5, half_log_2pi + 1.0 + 2.0 / math.e**2]
-    np.testing.assert_allclose(got, expected, rtol=1e-6)
+    np.testing.assert_allclose(got, expected, rtol=F32_RTOL)
 
 
 def test_gaussian_nll_closed_forms():
@@ -386,7 +393,7 @@ def test_gaussian_nll_closed_forms():
     np.testing.assert_allclose(
         rl.gaussian_nll_loss(predicted, target, 0.0),
         0.5 * rl.mse_loss(predicted, target) + 0.5 * math.log(2 * math.pi),
-        rtol=1e-6,
+        rtol=F32_RTOL,
     )
     # For fixed errors the best variance is the squared error: zero gradient in log σ² there.
     log_var = np.log(np.square(predicted - target))
@@ -408,4 +415,6 @@ def test_gaussian_nll_gradient_matches_numeric_differences():
     got = jax.grad(lambda a: jnp.sum(rl.gaussian_nll_loss(a[:2], target, a[2:])))(
         jnp.asarray(point, jnp.float32)
     )
-    np.testing.assert_allclose(got, numeric_gradient(reference, point), rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(
+        got, numeric_gradient(reference, point), rtol=1e-5, atol=NUMERIC_GRAD_ATOL / 10
+    )

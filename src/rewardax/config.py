@@ -32,7 +32,7 @@ from rewardax.data.config import DataConfig
 from rewardax.errors import ConfigError
 
 Dtype = Literal["float32", "bfloat16"]
-RematPolicy = Literal["none", "full", "save_dots"]
+RematPolicy = Literal["none", "full", "save_dots", "save_attention"]
 KernelSetting = Literal["auto", "cpu", "xla", "pallas"]
 OptimizerName = Literal["adamw", "adafactor", "lion", "sgd"]
 ScheduleName = Literal["constant", "linear", "cosine"]
@@ -166,7 +166,9 @@ class ModelSection:
         matmuls in bf16: SmolLM2 gradients take 0.69x the float32 time on a CPU with AMX (recent
         Xeons; benchmarks/bench_matmul_dtype.py); a CPU without bf16 units is not expected to gain.
       remat_policy: gradient checkpointing per transformer block: `none` keeps all activations,
-        `full` recomputes the block in the backward pass, `save_dots` keeps only matmul outputs.
+        `full` recomputes the block in the backward pass, `save_dots` keeps only matmul outputs,
+        `save_attention` keeps the splash attention kernel's output and residuals (TPU; the
+        backward runs no second attention forward) and recomputes the rest.
       dropout_rate: dropout probability in the backbone during training; 0.0 turns dropout off (the
         usual choice for reward models, so chosen and rejected are scored by the same network).
       num_labels: outputs of the score head; the first one is the reward.

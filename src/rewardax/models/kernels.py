@@ -23,11 +23,14 @@ tests only.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
-from typing import Literal
+from collections.abc import Callable
+from typing import Any, Literal
 
 import jax
 import jax.numpy as jnp
+from jax.ad_checkpoint import checkpoint_name
 
 from rewardax.errors import ConfigError
 
@@ -36,8 +39,17 @@ AttentionImpl = Literal["cpu_blocked", "xla", "splash"]
 
 # Splash attention tiles (queries x keys) on a TPU. JAX's default of 128 is slow on a v5e: JAX's
 # flash attention ran fwd+bwd in 73.9 ms with 128-blocks and 20.0-20.7 ms with 512 or 1024 blocks
-# for Qwen2.5-0.5B heads at 16 x 2048 (../shared/TPU.md); benchmarks/tpu_bench.py measures splash.
-SPLASH_BLOCK = 512
+# for Qwen2.5-0.5B heads at 16 x 2048 (../shared/TPU.md). Splash on the same shapes
+# (benchmarks/tpu_bench.py --set tune, 2026-12-05): 512 x 512 tiles, fused backward 14.03 ms;
+# forward 1024 x 1024 computed 512 keys at a time, backward 1024 x 1024, fused: 11.96 ms (17.9%
+# of peak), the fastest of 11 tilings; 2048-query forward tiles run out of VMEM. Rows shorter
+# than a tile get tiles of their (128-rounded) length.
+SPLASH_BLOCK = 1024
+SPLASH_KV_COMPUTE = 512
+
+# The checkpoint name of the attention kernel's output and backward residuals
+# (remat policy "save_attention").
+ATTENTION_RESIDUALS = "attention_residuals"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -49,8 +61,12 @@ class Kernels:
       written_projection_backward: `transformer.mixed_matmuls` (True) or autodiff of ``x @ w``.
       attention: `cpu_blocked`, `xla` or `splash`.
       block_q, block_kv: splash tiles; rows are padded to a multiple of the query tile.
+      block_kv_compute: the keys per step inside a key tile (divides block_kv; None = block_kv).
+      bwd_block_q, bwd_block_kv: the backward kernels' tiles (None = the forward's).
       fused_backward: splash's fused dq/dk/dv backward kernel instead of two kernels.
       interpret: run the splash kernel in Pallas' interpret mode (any backend; tests).
+      float32_precision: the matmul precision that float32 products are traced under
+        (``jax.default_matmul_precision``): "highest" off the CPU, None (as traced) on XLA:CPU.
     """
 
     name: str
@@ -58,8 +74,20 @@ class Kernels:
     attention: AttentionImpl
     block_q: int = SPLASH_BLOCK
     block_kv: int = SPLASH_BLOCK
-    fused_backward: bool = False
+    block_kv_compute: int | None = SPLASH_KV_COMPUTE
+    bwd_block_q: int | None = None
+    bwd_block_kv: int | None = None
+    fused_backward: bool = True
     interpret: bool = False
+    float32_precision: str | None = None
+
+    def products(self, matmul_dtype: Any) -> contextlib.AbstractContextManager:
+        """The context to trace the model's products in, for matmul inputs of ``matmul_dtype``:
+        ``jax.default_matmul_precision(float32_precision)`` for float32, nothing otherwise.
+        Autodiff's backward products inherit the precision of the forward ones."""
+        if self.float32_precision is None or jnp.dtype(matmul_dtype) != jnp.float32:
+            return contextlib.nullcontext()
+        return jax.default_matmul_precision(self.float32_precision)
 
     def for_layout(self, *, branches: bool, sliding_window: int | None) -> Kernels:
         """The choice for one batch layout: splash expresses causal attention within segments
@@ -80,19 +108,65 @@ def select_kernels(setting: str = "auto", backend: str | None = None) -> Kernels
     """
     if setting not in KERNEL_SETTINGS:
         raise ConfigError(f"kernels={setting!r} is not one of {', '.join(KERNEL_SETTINGS)}.")
-    if setting in ("auto", "pallas"):
-        # Only here: asking for the backend starts it, which `import rewardax` must not do
-        # (rewardax.hostmem applies only before the first JAX computation).
-        backend = backend or jax.default_backend()
+    # Only here, when a model is traced: asking for the backend starts it, which
+    # `import rewardax` must not do (rewardax.hostmem applies only before the first computation).
+    backend = backend or jax.default_backend()
+    precision = None if backend == "cpu" else "highest"
     if setting == "auto":
         setting = {"cpu": "cpu", "tpu": "pallas"}.get(backend, "xla")
     if setting == "cpu":
-        return Kernels("cpu", written_projection_backward=True, attention="cpu_blocked")
+        return Kernels(
+            "cpu",
+            written_projection_backward=True,
+            attention="cpu_blocked",
+            float32_precision=precision,
+        )
     if setting == "xla":
-        return Kernels("xla", written_projection_backward=False, attention="xla")
+        return Kernels(
+            "xla", written_projection_backward=False, attention="xla", float32_precision=precision
+        )
     return Kernels(
-        "pallas", written_projection_backward=False, attention="splash", interpret=backend != "tpu"
+        "pallas",
+        written_projection_backward=False,
+        attention="splash",
+        interpret=backend != "tpu",
+        float32_precision=precision,
     )
+
+
+def traced_under(
+    precision: str, fn: Callable[..., Any], name: str | None = None
+) -> Callable[..., Any]:
+    """``fn`` with its forward and its backward traced under
+    ``jax.default_matmul_precision(precision)``.
+
+    A context around a call covers the forward only: a `jax.custom_vjp`'s backward (a Pallas
+    kernel's, a written one) is traced later, when the gradient is taken, under whatever
+    precision is current then. Non-float inputs get no cotangent (float0), as from `jax.vjp`.
+
+    ``name``: when differentiated, fn's output and everything its backward keeps are marked
+    with `jax.ad_checkpoint.checkpoint_name` (a remat policy that saves the name then runs no
+    second forward of fn: `transformer.remat_policy_fn("save_attention")`).
+    """
+
+    @jax.custom_vjp
+    def wrapped(*args):
+        with jax.default_matmul_precision(precision):
+            return fn(*args)
+
+    def forward(*args):
+        with jax.default_matmul_precision(precision):
+            out, vjp_fn = jax.vjp(fn, *args)
+        if name is not None:
+            out, vjp_fn = jax.tree.map(lambda a: checkpoint_name(a, name), (out, vjp_fn))
+        return out, vjp_fn
+
+    def backward(vjp_fn, cotangent):
+        with jax.default_matmul_precision(precision):
+            return vjp_fn(cotangent)
+
+    wrapped.defvjp(forward, backward)
+    return wrapped
 
 
 def xla_attention(

@@ -23,7 +23,7 @@ import jax.numpy as jnp
 from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_kernel as splash
 from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_mask as splash_mask
 
-from rewardax.models.kernels import SPLASH_BLOCK
+from rewardax.models.kernels import ATTENTION_RESIDUALS, SPLASH_BLOCK, traced_under
 
 # The kernel's lane width: tiles must be multiples of it.
 _LANES = 128
@@ -34,21 +34,41 @@ def _round_up(x: int, multiple: int) -> int:
 
 
 def splash_block_sizes(
-    length: int, block_q: int, block_kv: int, fused_backward: bool
+    length: int,
+    block_q: int,
+    block_kv: int,
+    fused_backward: bool,
+    *,
+    block_kv_compute: int | None = None,
+    bwd_block_q: int | None = None,
+    bwd_block_kv: int | None = None,
 ) -> splash.BlockSizes:
-    """Tiles for rows of ``length`` tokens: the requested ones, shrunk to the (lane-rounded)
-    length for short rows; the backward kernels use the same tiles."""
-    if block_q % _LANES or block_kv % _LANES:
-        raise ValueError(f"splash tiles must be multiples of {_LANES}, got {block_q}, {block_kv}")
-    bq = min(block_q, _round_up(length, _LANES))
-    bkv = min(block_kv, _round_up(length, _LANES))
-    backward = {"block_q_dkv": bq, "block_kv_dkv": bkv, "block_kv_dkv_compute": bkv}
+    """Tiles for rows of ``length`` tokens: the requested ones, each shrunk to the
+    (lane-rounded) length for short rows. The backward kernels take ``bwd_block_q`` x
+    ``bwd_block_kv`` (None: the forward's tiles); ``block_kv_compute`` keys per step inside a
+    key tile (None: the whole tile)."""
+    bwd_block_q = block_q if bwd_block_q is None else bwd_block_q
+    bwd_block_kv = block_kv if bwd_block_kv is None else bwd_block_kv
+    block_kv_compute = block_kv if block_kv_compute is None else block_kv_compute
+    tiles = (block_q, block_kv, block_kv_compute, bwd_block_q, bwd_block_kv)
+    if any(b % _LANES for b in tiles):
+        raise ValueError(f"splash tiles must be multiples of {_LANES}, got {tiles}")
+    if block_kv % block_kv_compute:
+        raise ValueError(f"block_kv_compute={block_kv_compute} must divide block_kv={block_kv}")
+    fit = lambda b: min(b, _round_up(length, _LANES))  # noqa: E731
+    bkv = fit(block_kv)
+    bkv_compute = bkv if bkv % fit(block_kv_compute) else fit(block_kv_compute)
+    backward = {
+        "block_q_dkv": fit(bwd_block_q),
+        "block_kv_dkv": fit(bwd_block_kv),
+        "block_kv_dkv_compute": fit(bwd_block_kv),
+    }
     if not fused_backward:
-        backward |= {"block_q_dq": bq, "block_kv_dq": bkv}
+        backward |= {"block_q_dq": fit(bwd_block_q), "block_kv_dq": fit(bwd_block_kv)}
     return splash.BlockSizes(
-        block_q=bq,
+        block_q=fit(block_q),
         block_kv=bkv,
-        block_kv_compute=bkv,
+        block_kv_compute=bkv_compute,
         use_fused_bwd_kernel=fused_backward,
         **backward,
     )
@@ -65,6 +85,9 @@ def splash_attention(
     block_kv: int = SPLASH_BLOCK,
     fused_backward: bool = False,
     interpret: bool = False,
+    block_kv_compute: int | None = None,
+    bwd_block_q: int | None = None,
+    bwd_block_kv: int | None = None,
 ) -> jax.Array:
     """Causal softmax attention within segments.
 
@@ -77,14 +100,27 @@ def splash_attention(
       block_q, block_kv: the kernel's tiles (multiples of 128); rows are padded to a multiple
         of both.
       fused_backward: one backward kernel for dq, dk and dv instead of two.
+      block_kv_compute, bwd_block_q, bwd_block_kv: see `splash_block_sizes`.
       interpret: run in Pallas' interpret mode (CPU tests).
 
     Returns:
-      [N, T, H, D] in q's dtype.
+      [N, T, H, D] in q's dtype. float32 inputs run float32 products (the kernel's forward and
+      backward traced at "highest" matmul precision), bf16 inputs bf16 products whatever the
+      caller's precision setting (the kernel cannot take bf16 operands at float32 precision).
     """
     _, t, h, _ = q.shape
-    sizes = splash_block_sizes(t, block_q, block_kv, fused_backward)
-    t_pad = _round_up(t, math.lcm(sizes.block_q, sizes.block_kv))
+    sizes = splash_block_sizes(
+        t,
+        block_q,
+        block_kv,
+        fused_backward,
+        block_kv_compute=block_kv_compute,
+        bwd_block_q=bwd_block_q,
+        bwd_block_kv=bwd_block_kv,
+    )
+    t_pad = _round_up(
+        t, math.lcm(sizes.block_q, sizes.block_kv, sizes.block_q_dkv, sizes.block_kv_dkv)
+    )
     # Scaled in float32 then rounded once; exact for head widths of 4**i (1/8 for 64).
     q = (q.astype(jnp.float32) * scale).astype(q.dtype)
     segment_ids = segment_ids.astype(jnp.int32)
@@ -93,15 +129,24 @@ def splash_attention(
         widths = ((0, 0), (0, t_pad - t), (0, 0), (0, 0))
         q, k, v = (jnp.pad(a, widths) for a in (q, k, v))
         segment_ids = jnp.pad(segment_ids, ((0, 0), (0, t_pad - t)))
-    mask = splash_mask.MultiHeadMask([splash_mask.CausalMask((t_pad, t_pad))] * h)
-    kernel = splash.make_splash_mha(
-        mask, block_sizes=sizes, head_shards=1, q_seq_shards=1, interpret=interpret
-    )
 
-    def one_row(q_row, k_row, v_row, seg_row):  # [H, T, D], [K, T, D], [K, T, D], [T]
-        return kernel(q_row, k_row, v_row, splash.SegmentIds(q=seg_row, kv=seg_row))
+    def rows(q, k, v, segment_ids):  # [N, H, T, D], [N, K, T, D], [N, K, T, D], [N, T]
+        # The kernel (its mask tables are arrays) is made here, inside `traced_under`'s trace:
+        # a custom_vjp function must not close over arrays of the trace around it.
+        mask = splash_mask.MultiHeadMask([splash_mask.CausalMask((t_pad, t_pad))] * h)
+        kernel = splash.make_splash_mha(
+            mask, block_sizes=sizes, head_shards=1, q_seq_shards=1, interpret=interpret
+        )
+
+        def one_row(q_row, k_row, v_row, seg_row):  # [H, T, D], [K, T, D], [K, T, D], [T]
+            return kernel(q_row, k_row, v_row, splash.SegmentIds(q=seg_row, kv=seg_row))
+
+        return jax.vmap(one_row)(q, k, v, segment_ids)
 
     heads_major = lambda a: a.transpose(0, 2, 1, 3)  # noqa: E731  [N, T, *, D] -> [N, *, T, D]
-    out = jax.vmap(one_row)(heads_major(q), heads_major(k), heads_major(v), segment_ids)
+    precision = "highest" if q.dtype == jnp.float32 else "default"
+    out = traced_under(precision, rows, ATTENTION_RESIDUALS)(
+        heads_major(q), heads_major(k), heads_major(v), segment_ids
+    )
     out = heads_major(out)[:, :t]
     return jnp.where((segment_ids[:, :t] != 0)[:, :, None, None], out, jnp.zeros_like(out))

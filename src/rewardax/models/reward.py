@@ -68,14 +68,16 @@ class RewardModel(nnx.Module):
     Args:
       config: the architecture.
       dtype: compute dtype ("float32" or "bfloat16"); attention softmax, norms and the reward
-        head always run in float32.
+        head always run in float32. Float32 matmuls are float32 on every backend (a TPU's
+        default would be one bf16 pass; `Kernels.products`).
       param_dtype: storage dtype of the parameters (e.g. float32 master weights, bf16 compute).
       matmul_dtype: dtype the inputs of every projection matmul and of attention's products
         (q.k, probabilities x values, and their gradients) are cast to (float32 accumulation);
         None = ``dtype``. "bfloat16" with float32 ``dtype`` keeps activations, norms, softmax
         and its row sums in float32 and runs only the matmuls in bf16.
       remat_policy: gradient checkpointing per decoder layer: "none", "full" (recompute all),
-        "save_dots" (keep matmul outputs without batch dims, recompute the rest).
+        "save_dots" (keep matmul outputs without batch dims, recompute the rest),
+        "save_attention" (keep the splash attention kernel's output and residuals).
       dropout_rate: residual dropout after attention and MLP; active only with
         ``deterministic=False``.
       rngs: parameter (and dropout) randomness.
@@ -194,14 +196,15 @@ class RewardModel(nnx.Module):
             mask = build_attention_mask(
                 segment_ids, positions, branch_ids, self.config.sliding_window
             )
-        hidden = self.model(
-            input_ids,
-            positions,
-            mask,
-            kernels=kernels,
-            deterministic=deterministic,
-            dropout_rng=dropout_rng,
-        )
+        with kernels.products(self.matmul_dtype or self.dtype):
+            hidden = self.model(
+                input_ids,
+                positions,
+                mask,
+                kernels=kernels,
+                deterministic=deterministic,
+                dropout_rng=dropout_rng,
+            )
 
         if reward_positions is None:
             reward_positions = last_token_index(attention_mask)

@@ -27,9 +27,9 @@ from flax import nnx
 
 from rewardax.errors import ConfigError
 from rewardax.models.config import ModelConfig
-from rewardax.models.kernels import Kernels, select_kernels, xla_attention
+from rewardax.models.kernels import ATTENTION_RESIDUALS, Kernels, select_kernels, xla_attention
 
-REMAT_POLICIES = ("none", "full", "save_dots")
+REMAT_POLICIES = ("none", "full", "save_dots", "save_attention")
 
 # Today's XLA:CPU formulation, the default of the layers when called without a choice.
 _CPU_KERNELS = select_kernels("cpu")
@@ -470,6 +470,9 @@ class Attention(nnx.Module):
                 block_kv=kernels.block_kv,
                 fused_backward=kernels.fused_backward,
                 interpret=kernels.interpret,
+                block_kv_compute=kernels.block_kv_compute,
+                bwd_block_q=kernels.bwd_block_q,
+                bwd_block_kv=kernels.bwd_block_kv,
             )
             return self.o_proj(out.astype(x.dtype), written)
         if kernels.attention == "xla":
@@ -583,11 +586,22 @@ class DecoderLayer(nnx.Module):
 
 
 def remat_policy_fn(name: str) -> Any:
-    """``"full"`` -> recompute everything (policy None); ``"save_dots"`` -> keep matmul outputs."""
+    """The `jax.checkpoint` policy of a decoder layer:
+
+    - ``"full"``: recompute everything (policy None);
+    - ``"save_dots"``: keep the matmul outputs;
+    - ``"save_attention"``: keep what the splash attention kernel's backward needs (q, k, v, its
+      output and log-sum-exp, named `kernels.ATTENTION_RESIDUALS`), recompute the rest: the
+      backward runs no second attention forward, the most expensive part of a layer's forward
+      at long rows, for ~(2 x hidden + 2 x kv width) x 2 bytes per token and layer (SmolLM2:
+      3.1 KB). Other attention kernels keep nothing by that name: there it is ``"full"``.
+    """
     if name == "full":
         return None
     if name == "save_dots":
         return jax.checkpoint_policies.dots_with_no_batch_dims_saveable
+    if name == "save_attention":
+        return jax.checkpoint_policies.save_only_these_names(ATTENTION_RESIDUALS)
     raise ConfigError(f"remat_policy={name!r} is not one of {', '.join(REMAT_POLICIES)}.")
 
 
