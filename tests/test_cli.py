@@ -335,3 +335,94 @@ def test_eval_scores_without_an_optimizer_or_a_trainer(work, capsys, monkeypatch
     code, out, err = run_main(capsys, argv)
     assert code == 0, err
     assert json.loads(out.strip().splitlines()[-1])["metrics"]["num_pairs"] == len(work["heldout"])
+
+
+def test_eval_rewardbench_layouts_equal_rules_applied_to_score_rewards(work, tokenizer, capsys):
+    """`rewardax eval` on RewardBench 1 and 2 layouts against the benchmarks' rules applied by
+    hand to rewards from `rewardax score` of the same responses."""
+    from rewardax import rewardbench as rb
+
+    export, pairs = work["run"] / "export", work["heldout"]
+    texts = sorted({r[k] for r in pairs for k in ("chosen", "rejected")})
+    to_score = [{"id": i, "prompt": PROMPT, "response": t} for i, t in enumerate(texts)]
+    scored_path = work["tmp"] / "rb_scored.jsonl"
+    argv = [
+        "score",
+        "--model",
+        str(export),
+        "--input",
+        str(write_jsonl(work["tmp"] / "rb_in.jsonl", to_score)),
+    ]
+    assert run_main(capsys, [*argv, "--output", str(scored_path)])[0] == 0
+    reward = {
+        texts[r["id"]]: r["reward"] for r in map(json.loads, scored_path.read_text().splitlines())
+    }
+
+    # RewardBench 1: pairs labelled with its subsets (and one of ours).
+    names = ["alpacaeval-easy", "mt-bench-med", "math-prm", "hep-go", "mine"]
+    rb1 = [{**r, "subset": names[i % len(names)]} for i, r in enumerate(pairs)]
+    code, out, err = run_main(
+        capsys,
+        [
+            "eval",
+            "--model",
+            str(export),
+            "--data",
+            str(write_jsonl(work["tmp"] / "rb1.jsonl", rb1)),
+        ],
+    )
+    assert code == 0, err
+    got = json.loads(out.strip().splitlines()[-1])["metrics"]["rewardbench"]
+    right = {s: [] for s in names}
+    for r in rb1:
+        right[r["subset"]].append(reward[r["chosen"]] > reward[r["rejected"]])
+    acc = {s: float(np.mean(v)) for s, v in right.items()}
+    chat = (acc["alpacaeval-easy"] * 100 + acc["mt-bench-med"] * 40) / 140
+    reasoning = (acc["math-prm"] * 984 + acc["hep-go"] * 164) / (984 + 164)
+    assert got["sections"] == pytest.approx({"Chat": chat, "Reasoning": reasoning})
+    assert got["score"] == pytest.approx((chat + reasoning) / 2)
+    assert got["other_subsets"] == ["mine"] and "RewardBench score" in err
+
+    # RewardBench 2: best of 4 in two subsets, and a Ties prompt (ref and tied rows).
+    responses = [t for r in pairs for t in (r["chosen"], r["rejected"])]
+    rb2 = [
+        {
+            "prompt": PROMPT,
+            "chosen": [responses[4 * i]],
+            "rejected": responses[4 * i + 1 : 4 * i + 4],
+            "subset": "Focus" if i % 2 else "Math",
+            "id": str(i),
+        }
+        for i in range(4)
+    ]
+    a, b, c, d = responses[16:20]
+    rb2 += [
+        {"prompt": PROMPT, "chosen": [a], "rejected": [b, c], "subset": "Ties", "id": "ref:0"},
+        {"prompt": PROMPT, "chosen": [a, d], "rejected": [b], "subset": "Ties", "id": "tied:0"},
+    ]
+    code, out, err = run_main(
+        capsys,
+        [
+            "eval",
+            "--model",
+            str(export),
+            "--data",
+            str(write_jsonl(work["tmp"] / "rb2.jsonl", rb2)),
+        ],
+    )
+    assert code == 0, err
+    got = json.loads(out.strip().splitlines()[-1])["metrics"]["rewardbench2"]
+    best = {"Focus": [], "Math": []}
+    for row in rb2[:4]:
+        s = [reward[t] for t in row["chosen"] + row["rejected"]]
+        best[row["subset"]].append(1.0 / s.count(max(s)) if s[0] == max(s) else 0.0)
+    ties = rb.ties_score(
+        {
+            ("ref", 0): (np.array([reward[a]]), np.array([reward[b], reward[c]])),
+            ("tied", 0): (np.array([reward[a], reward[d]]), np.array([reward[b]])),
+        }
+    )["score"]
+    want = {"Focus": np.mean(best["Focus"]), "Math": np.mean(best["Math"]), "Ties": ties}
+    assert got["subsets"] == pytest.approx(want, abs=1e-6)
+    assert got["score"] == pytest.approx(np.mean(list(want.values())), abs=1e-6)
+    assert got["num_unscored"] == 0 and "RewardBench 2 score" in err

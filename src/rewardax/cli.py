@@ -282,10 +282,22 @@ def _subsets(source: Any, row_index: Any) -> list[str] | None:
     return labels
 
 
+def _random_access(source: Any) -> bool:
+    return hasattr(source, "__getitem__") and hasattr(source, "__len__")
+
+
+def _rewardbench_line(scores: dict[str, Any], title: str, parts: str = "subsets") -> str:
+    """ "RewardBench 2 score 0.6123 (Factuality 0.5, ..., Ties 0.71)": the console's summary."""
+    shown = ", ".join(f"{k} {'n/a' if v is None else f'{v:.4f}'}" for k, v in scores[parts].items())
+    total = "n/a" if scores["score"] is None else f"{scores['score']:.4f}"
+    return f"{title} score {total} ({shown})"
+
+
 def cmd_eval(args: argparse.Namespace, extra: list[str]) -> dict[str, Any]:
     import jax
 
     from rewardax import distributed
+    from rewardax import rewardbench as rb
     from rewardax.data import load_source
     from rewardax.models import AutoRewardModel, ModelOptions, load_tokenizer
     from rewardax.pair_scoring import PairScorer
@@ -313,8 +325,26 @@ def cmd_eval(args: argparse.Namespace, extra: list[str]) -> dict[str, Any]:
         batch_size=config.train.per_device_eval_batch_size * dp * fsdp,
     )
     del model
-    rewards = scorer(arrays, source)
-    metrics = rewards.metrics(subsets=_subsets(source, rewards.row_index))
+    if _random_access(source) and len(source) and rb.is_rewardbench2(source[0]):
+        # RewardBench 2: every response scored (in pairs that cover them all), then its rules.
+        pairs = rb.expand_rewardbench2(source)
+        rewards = scorer(arrays, pairs)
+        metrics = rewards.metrics()  # over the pairs: each chosen against rejected responses
+        per_row = rb.response_rewards(pairs, rewards.row_index, rewards.chosen, rewards.rejected)
+        metrics["rewardbench2"] = rb.rewardbench2_scores(
+            [source[i] for i in range(len(source))], per_row
+        )
+        _log(f"{name}: {_rewardbench_line(metrics['rewardbench2'], 'RewardBench 2')}")
+        scored = pairs
+    else:
+        rewards = scorer(arrays, source)
+        subsets = _subsets(source, rewards.row_index)
+        metrics = rewards.metrics(subsets=subsets)
+        rb1 = subsets and rb.rewardbench1_scores(rewards.chosen, rewards.rejected, subsets)
+        if rb1:
+            metrics["rewardbench"] = rb1
+            _log(f"{name}: {_rewardbench_line(rb1, 'RewardBench', 'sections')}")
+        scored = source
     cut = ""
     if metrics["num_truncated"]:
         cut = (
@@ -337,7 +367,7 @@ def cmd_eval(args: argparse.Namespace, extra: list[str]) -> dict[str, Any]:
             training_metrics=(run / "metrics.jsonl") if run else None,
             title=f"rewardax evaluation of {Path(model_path).name} on {name}",
             overwrite=args.overwrite,
-            pairs={name: _pair_texts(source, rewards, tokenizer)},
+            pairs={name: _pair_texts(scored, rewards, tokenizer)},
         )
         _log(f"report: {Path(report_dir) / 'index.html'}")
     return {
