@@ -408,6 +408,8 @@ def test_eval_rewardbench_layouts_equal_rules_applied_to_score_rewards(work, tok
             str(export),
             "--data",
             str(write_jsonl(work["tmp"] / "rb2.jsonl", rb2)),
+            "--report",
+            str(work["tmp"] / "rb2_report"),
         ],
     )
     assert code == 0, err
@@ -426,3 +428,5 @@ def test_eval_rewardbench_layouts_equal_rules_applied_to_score_rewards(work, tok
     assert got["subsets"] == pytest.approx(want, abs=1e-6)
     assert got["score"] == pytest.approx(np.mean(list(want.values())), abs=1e-6)
     assert got["num_unscored"] == 0 and "RewardBench 2 score" in err
+    page = (work["tmp"] / "rb2_report" / "index.html").read_text()
+    assert "rb2: RewardBench 2" in page and "<td>Ties</td>" in page

@@ -388,6 +388,25 @@ _STYLE = (
 )
 
 
+def _rewardbench_html(s: _EvalSet) -> list[str]:
+    """RewardBench 1 section scores / RewardBench 2 subset scores, when `rewardax eval` found
+    those layouts (`rewardax.rewardbench`)."""
+    esc = html.escape
+    parts = []
+    rb1 = s.metrics.get("rewardbench")
+    if rb1:
+        parts.append(f"<h3>{esc(s.name)}: RewardBench sections (a tie counts 0)</h3>")
+        rows = [[k, v] for k, v in rb1["sections"].items()] + [["score (mean)", rb1["score"]]]
+        parts.append(_table(["section", "score"], rows))
+    rb2 = s.metrics.get("rewardbench2")
+    if rb2:
+        parts.append(f"<h3>{esc(s.name)}: RewardBench 2</h3>")
+        rows = [[k, rb2["num_rows"][k], v] for k, v in rb2["subsets"].items()]
+        rows.append(["score (mean)", sum(rb2["num_rows"].values()), rb2["score"]])
+        parts.append(_table(["subset", "rows", "score"], rows))
+    return parts
+
+
 def _html(
     title: str,
     sets: list[_EvalSet],
@@ -454,6 +473,7 @@ def _html(
             parts.append(f"<h3>{esc(s.name)}: accuracy per subset</h3>")
             rows = [[k, v["num_pairs"], v["accuracy"]] for k, v in s.metrics["subsets"].items()]
             parts.append(_table(["subset", "pairs", "accuracy"], rows))
+        parts += _rewardbench_html(s)
     parts.append('<h2 id="plots">Plots</h2>')
     for filename, alt, caption in figures:
         parts.append(
