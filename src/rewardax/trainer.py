@@ -1,7 +1,11 @@
-"""RewardTrainer: the training loop of the reference API (EasyDeL's `RewardTrainer` docs), done right.
+"""RewardTrainer: the reference API (EasyDeL's `RewardTrainer` docs) over a generic loop.
 
-The loop knows nothing about preferences beyond calling the pure steps of `rewardax.steps`: it moves
-batches to devices, calls the jitted step, logs, evaluates, checkpoints and exports.
+`rewardax.loop.Loop` runs the jitted step of `rewardax.steps` and knows nothing about preferences;
+the trainer assembles it: model and optimizer state on the mesh, the data loaders, resume, the
+hooks (NaN policy and training log from `rewardax.train_hooks`, evaluation and checkpoints every N
+steps), stop signals, and the final evaluation and export. Over 500 lines because the reference
+API is one class (construction checks, collate functions, evaluate, train, export) whose parts
+share its state; the loop and its hooks live elsewhere.
 """
 
 from __future__ import annotations
@@ -26,9 +30,10 @@ from rewardax import data as rdata
 from rewardax import distributed, hostmem
 from rewardax.checkpoint import CHECKPOINT_SUBDIR, TrainCheckpointer
 from rewardax.config import ModelSection, RewardConfig
-from rewardax.errors import CheckpointError, ConfigError, NonFiniteError
+from rewardax.errors import CheckpointError, ConfigError
 from rewardax.evaluation import reward_normalization
 from rewardax.logging import MetricsLogger
+from rewardax.loop import EveryNSteps, Loop
 from rewardax.models import AutoRewardModel, ModelOptions, RewardModel, smollm2_gguf_path
 from rewardax.optim import build_optimizer, build_schedule, constant_rate
 from rewardax.pair_scoring import PairScorer
@@ -42,6 +47,7 @@ from rewardax.sharding import (
 )
 from rewardax.state import RewardState
 from rewardax.steps import make_eval_step, make_train_step
+from rewardax.train_hooks import NonFiniteGuard, TrainLog
 
 EXPORT_DIRNAME = "export"
 TOKENIZER_DIRNAME = "tokenizer"
@@ -378,77 +384,40 @@ class RewardTrainer:
             )
         final_metrics: dict[str, Any] = {}
         previous_handlers = self._install_signal_handlers()
-        stopped_early = False
         try:
             if cfg.eval.eval_at_start and start_step == 0 and self.eval_sets:
                 final_metrics["eval_before"] = self._evaluate_and_log(logger, step=0)
-            arrays = self.state.arrays()
-            iterator = distributed.lockstep(
-                self.train_loader, self.train_loader.batch_size, self.train_loader.pad_id
+
+            def evaluate(step: int) -> None:
+                final_metrics["eval"] = self._evaluate_and_log(logger, step)
+                final_metrics["eval_step"] = step
+
+            self._save_seconds = 0.0
+            train_log = TrainLog(self, logger, final_metrics)
+            evaluation = EveryNSteps(cfg.eval.eval_steps if self.eval_sets else 0, evaluate)
+            checkpoints = EveryNSteps(cfg.checkpoint.save_steps, lambda s: self._save(ckpt, s))
+            loop = Loop(
+                fns.train_step,
+                # In this order: a NaN step is refused before it is logged, evaluated or saved.
+                hooks=[NonFiniteGuard(self, ckpt), train_log, evaluation, checkpoints],
+                should_stop=self._stop_requested,
+                # The step donated the arrays self.state held: it holds the new ones before
+                # any hook can raise.
+                on_arrays=lambda arrays: setattr(self, "state", self.state.replace_arrays(arrays)),
             )
-            skipped = int(self._skipped_steps)
-            window_start, window_pairs, window_tokens = time.perf_counter(), 0.0, 0.0
-            last_saved = start_step
-            step = start_step
-            self._save_seconds, eval_seconds = 0.0, 0.0
             loop_start = time.perf_counter()
-            batch_shapes: set[tuple] = set()
-            while step < self.total_steps:
-                if self._stop_requested():
-                    stopped_early = True
-                    break
-                host_batch = next(iterator)
-                # One compiled train-step program per distinct set of batch shapes.
-                batch_shapes.add(tuple((k, v.shape) for k, v in sorted(host_batch.items())))
-                batch = global_batch(_model_inputs(host_batch), self.mesh)
-                arrays, metrics = fns.train_step(arrays, batch)
-                # The step donated the arrays self.state held: it must hold the new ones before
-                # anything below can raise.
-                self.state = self.state.replace_arrays(arrays)
-                metrics = jax.device_get(metrics)
-                step += 1
-                if metrics["nonfinite"]:
-                    if cfg.train.nan_policy == "error":
-                        # The step returned parameters and optimizer state unchanged; with its
-                        # counter taken back, self.state is the last good state.
-                        self.state = self.state.replace_arrays(
-                            {**arrays, "step": arrays["step"] - 1}
-                        )
-                        raise NonFiniteError(
-                            f"step {step}: the loss or the gradients are NaN/Inf (loss="
-                            f"{float(metrics['loss'])}, grad_norm={float(metrics['grad_norm'])}); "
-                            f"the update was not applied and nothing was saved. The last "
-                            f"checkpoint ({_last_saved_text(ckpt)}) is intact. Lower the learning "
-                            "rate, check the data, or set train.nan_policy=skip_step"
-                        )
-                    skipped += 1
-                window_pairs += float(metrics["num_pairs"])
-                window_tokens += float(rdata.token_counts(host_batch)[0])
-                if step % cfg.logging.logging_steps == 0 or step == self.total_steps:
-                    elapsed = max(time.perf_counter() - window_start, 1e-9)
-                    window_tokens = distributed.process_sum(window_tokens)  # this process's only
-                    row = {k: float(v) for k, v in metrics.items()}
-                    row.update(
-                        pairs_per_second=window_pairs / elapsed,
-                        tokens_per_second=window_tokens / elapsed,
-                        padding_efficiency=self.train_loader.stats.padding_efficiency,
-                        skipped_steps=skipped,
-                        epoch=self.train_loader.epoch,
-                    )
-                    logger.log(step, row, prefix="train")
-                    final_metrics["train"] = row
-                    window_start, window_pairs, window_tokens = time.perf_counter(), 0.0, 0.0
-                self._skipped_steps = skipped
-                if cfg.eval.eval_steps and step % cfg.eval.eval_steps == 0 and self.eval_sets:
-                    eval_start = time.perf_counter()
-                    final_metrics["eval"] = self._evaluate_and_log(logger, step)
-                    final_metrics["eval_step"] = step
-                    eval_seconds += time.perf_counter() - eval_start
-                if cfg.checkpoint.save_steps and step % cfg.checkpoint.save_steps == 0:
-                    self._save(ckpt, step)
-                    last_saved = step
-            self.state = self.state.replace_arrays(arrays)
-            if stopped_early:
+            out = loop.run(
+                self.state.arrays(),
+                distributed.lockstep(
+                    self.train_loader, self.train_loader.batch_size, self.train_loader.pad_id
+                ),
+                to_device=lambda host_batch: global_batch(_model_inputs(host_batch), self.mesh),
+                start_step=start_step,
+                total_steps=self.total_steps,
+            )
+            step = out.step
+            last_saved = checkpoints.last_step if checkpoints.last_step is not None else start_step
+            if out.stopped_early:
                 if last_saved != step:
                     self._save(ckpt, step)
                 return TrainResult(final_metrics, self.run_dir, None, stopped_early=True)
@@ -460,12 +429,12 @@ class RewardTrainer:
             # Where train() spent its time: the steps (compilations included; evaluations and
             # checkpoint writes excluded), the checkpoint writes, the final evaluation + export.
             final_metrics["timing"] = {
-                "steps_s": round(loop_s - self._save_seconds - eval_seconds, 3),
+                "steps_s": round(loop_s - self._save_seconds - evaluation.seconds, 3),
                 "checkpoint_s": round(self._save_seconds, 3),
-                "eval_s": round(eval_seconds, 3),
+                "eval_s": round(evaluation.seconds, 3),
                 "finish_s": round(time.perf_counter() - export_start, 3),
                 # Distinct batch shapes this train() ran: each needs its own compiled train step.
-                "batch_shapes": len(batch_shapes),
+                "batch_shapes": len(train_log.batch_shapes),
             }
             logger.summary(
                 {
@@ -650,8 +619,3 @@ def _looks_like_row(d: Mapping) -> bool:
 
 def _is_fresh(state: RewardState) -> bool:
     return int(jax.device_get(state.step)) == 0
-
-
-def _last_saved_text(ckpt: TrainCheckpointer) -> str:
-    steps = ckpt.steps()
-    return f"step {steps[-1]} in {ckpt.directory}" if steps else "none written yet"
