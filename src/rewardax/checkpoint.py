@@ -16,6 +16,9 @@ Multi-host: every process constructs the checkpointer and calls ``save`` / ``res
 shards; Orbax synchronises the processes and the primary host (process 0) writes the metadata. The
 decision to skip a checkpoint that fails to load is agreed by all processes (a failure on any of
 them skips it on all), so they always resume from the same step.
+
+Over 500 lines: save, restore, the resume policy and the classification of restore errors
+(mismatch, corruption, out of memory) are one contract and are kept together.
 """
 
 from __future__ import annotations

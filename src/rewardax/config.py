@@ -10,6 +10,9 @@ sections, so the flat keyword style of the reference API works too:
 
 Construction checks names and types (unknown keys suggest the closest valid one); `validate()`
 checks values and combinations once the device count is known.
+
+Over 500 lines: most of it is the sections' documented fields (the help text lives here once);
+moving the parsing onto a library (issue #32) is still to do.
 """
 
 from __future__ import annotations

@@ -10,6 +10,9 @@ host without a mesh; ``rewardax.sharding`` maps the names to mesh axes in one ta
 Kernels are stored ``[in, out]`` with the head axes split out (``q_proj.kernel`` is ``[E, H, D]``),
 so a tensor-parallel split of the heads is one logical name; ``models.hf`` reshapes to and from
 Hugging Face's ``[out, in]`` matrices.
+
+Over 500 lines: the CPU formulation's written backwards (`mixed_matmuls`, `attend`) sit next to
+the layers that call them, each with the measurement that justifies it.
 """
 
 from __future__ import annotations
