@@ -106,6 +106,7 @@ def cmd_train(args: argparse.Namespace, extra: list[str]) -> dict[str, Any]:
     from rewardax import distributed
     from rewardax.config import RewardConfig
     from rewardax.data import load_source
+    from rewardax.data.rankings import rankings_as_pairs
     from rewardax.models import load_tokenizer, smollm2_gguf_path
     from rewardax.trainer import RewardTrainer
 
@@ -120,7 +121,10 @@ def cmd_train(args: argparse.Namespace, extra: list[str]) -> dict[str, Any]:
     model_path = local_model_path(config.model.path) if config.model.path else smollm2_gguf_path()
     tokenizer = load_tokenizer(args.tokenizer or model_path)
     # Loaded here so that a hub dataset name reads its test split (training data: train).
-    eval_sources = {name: load_source(p, default_split="test") for name, p in eval_sets.items()}
+    eval_sources = {
+        name: rankings_as_pairs(load_source(p, default_split="test"))
+        for name, p in eval_sets.items()
+    }
     trainer = RewardTrainer(
         config, tokenizer, train_dataset=train_file, eval_dataset=eval_sources or None
     )
@@ -303,6 +307,7 @@ def cmd_eval(args: argparse.Namespace, extra: list[str]) -> dict[str, Any]:
     from rewardax import distributed
     from rewardax import rewardbench as rb
     from rewardax.data import load_source
+    from rewardax.data.rankings import rankings_as_pairs
     from rewardax.models import AutoRewardModel, ModelOptions, load_tokenizer
     from rewardax.pair_scoring import PairScorer
     from rewardax.sharding import make_mesh
@@ -341,6 +346,7 @@ def cmd_eval(args: argparse.Namespace, extra: list[str]) -> dict[str, Any]:
         _log(f"{name}: {_rewardbench_line(metrics['rewardbench2'], 'RewardBench 2')}")
         scored = pairs
     else:
+        source = rankings_as_pairs(source)  # rows ranking K responses: their pairs
         rewards = scorer(arrays, source)
         subsets = _subsets(source, rewards.row_index)
         metrics = rewards.metrics(subsets=subsets)

@@ -34,6 +34,7 @@ from rewardax.data.collate import (
 from rewardax.data.config import DataConfig
 from rewardax.data.formats import InvalidRow, detect_dataset_format
 from rewardax.data.packing import pack_records, packing_row_lengths, token_counts
+from rewardax.data.rankings import rankings_as_pairs
 from rewardax.data.sources import StreamSource, load_source
 from rewardax.data.tokenize import pad_token_id
 from rewardax.errors import CheckpointError, ConfigError, DataError
@@ -238,7 +239,8 @@ class PreferenceLoader:
             raise ConfigError(
                 f"data.on_invalid must be 'error' or 'skip', got {data_config.on_invalid!r}"
             )
-        self.source = load_source(source)
+        # Rows that rank several responses are read as the pairs of their rankings.
+        self.source = rankings_as_pairs(load_source(source))
         self.config = data_config
         self.batch_size, self.seed = int(batch_size), int(seed)
         self.process_index, self.process_count = process_index, process_count

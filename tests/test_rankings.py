@@ -1,0 +1,135 @@
+"""Rows ranking K responses, read as the pairs of their rankings (`rewardax.data.rankings`)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from data_fixtures import smollm2_tokenizer, tiny_llama
+from rewardax.data import DataConfig, ListSource
+from rewardax.data.rankings import RankedPairs, rankings_as_pairs
+from rewardax.errors import DataError
+
+CHAT = [{"role": "user", "content": "Rate it"}, {"role": "assistant", "content": "Fine."}]
+
+
+def test_ranks_give_every_better_worse_pair_and_ties_none():
+    rows = [
+        {"prompt": "P: ", "responses": ["b", "a", "c"], "ranks": [2, 1, 3], "subset": "s"},
+        {"prompt": "Q: ", "responses": ["x", "y", "z"], "ranks": [1, 1, 2]},  # x and y tie
+    ]
+    pairs = rankings_as_pairs(ListSource(rows, name="ranked.jsonl"))
+    assert isinstance(pairs, RankedPairs) and len(pairs) == 3 + 2
+    got = [(p["prompt"], p["chosen"], p["rejected"]) for p in (pairs[i] for i in range(len(pairs)))]
+    assert got == [
+        ("P: ", "b", "c"),
+        ("P: ", "a", "b"),
+        ("P: ", "a", "c"),
+        ("Q: ", "x", "z"),
+        ("Q: ", "y", "z"),
+    ]
+    assert pairs[0]["subset"] == "s" and "ranks" not in pairs[0] and "responses" not in pairs[0]
+    assert pairs.where(4) == "ranked.jsonl[1] (response 1 over 2)"
+    np.testing.assert_array_equal(pairs.origin[:, 0], [0, 0, 0, 1, 1])
+
+
+def test_chosen_and_rejected_lists_give_each_chosen_over_each_rejected():
+    rows = [{"prompt": "P", "chosen": ["c0", CHAT], "rejected": ["r0", "r1", "r2"]}]
+    pairs = rankings_as_pairs(ListSource(rows))
+    assert len(pairs) == 6
+    assert (pairs[0]["chosen"], pairs[0]["rejected"]) == ("c0", "r0")
+    assert (pairs[5]["chosen"], pairs[5]["rejected"]) == (CHAT, "r2")
+
+
+def test_pair_rows_are_left_alone():
+    standard = ListSource([{"prompt": "p", "chosen": "a", "rejected": "b"}])
+    conversational = ListSource([{"chosen": CHAT, "rejected": CHAT}])
+    assert rankings_as_pairs(standard) is standard
+    assert rankings_as_pairs(conversational) is conversational
+
+
+@pytest.mark.parametrize(
+    ("row", "message"),
+    [
+        ({"responses": ["a"], "ranks": [1]}, "at least 2 responses"),
+        ({"responses": ["a", "b"], "ranks": [1]}, r"`ranks` must be a list of 2 numbers"),
+        ({"responses": ["a", "b"], "ranks": [True, False]}, r"`ranks` must be a list of 2"),
+        ({"responses": ["a", ""], "ranks": [1, 2]}, "every item of `responses`"),
+        ({"prompt": "p", "chosen": "a", "rejected": "b"}, "decided by its first row"),
+        ({"chosen": [], "rejected": ["b"]}, "decided by its first row"),
+    ],
+)
+def test_bad_rows_name_the_row(row, message):
+    rows = [{"responses": ["a", "b"], "ranks": [1, 2]}, row]
+    with pytest.raises(DataError, match=rf"data\.jsonl\[1\].*{message}"):
+        rankings_as_pairs(ListSource(rows, name="data.jsonl"))
+
+
+def test_a_ranking_scores_as_its_pairs_written_out():
+    """Rewards of a ranked source through the eval pipeline equal those of the same pairs
+    written as pair rows (the loader reads rankings as pairs)."""
+    import jax
+
+    from rewardax.pair_scoring import PairScorer
+    from rewardax.sharding import make_mesh
+
+    tokenizer = smollm2_tokenizer()
+    ranked = [
+        {
+            "prompt": "Review: ",
+            "responses": ["Great.", "Bad.", "Fine, I guess."],
+            "ranks": [1, 3, 2],
+        },
+        {"prompt": "Review: ", "chosen": ["Lovely."], "rejected": ["Awful.", "Dull."]},
+    ]
+    written = [
+        {"prompt": "Review: ", "chosen": c, "rejected": r}
+        for c, r in [
+            ("Great.", "Bad."),
+            ("Great.", "Fine, I guess."),
+            ("Fine, I guess.", "Bad."),
+        ]
+    ]
+    lists = [
+        {"prompt": "Review: ", "chosen": "Lovely.", "rejected": r} for r in ("Awful.", "Dull.")
+    ]
+    scorer, arrays = PairScorer.for_model(
+        tiny_llama(tokenizer),
+        mesh=make_mesh(1, 1, 1, devices=jax.devices()[:1]),
+        tokenizer=tokenizer,
+        data_config=DataConfig(max_sequence_length=32),
+        batch_size=4,
+    )
+    got = scorer(arrays, ranked[:1])
+    want = scorer(arrays, written)
+    # Pair order: (a, b) for a, b in index order with rank[a] < rank[b].
+    order = [0, 1, 2]  # Great > Bad, Great > Fine, Fine > Bad
+    np.testing.assert_allclose(got.chosen, want.chosen[order], atol=1e-5)
+    np.testing.assert_allclose(got.rejected, want.rejected[order], atol=1e-5)
+    got_lists, want_lists = scorer(arrays, ranked[1:]), scorer(arrays, lists)
+    np.testing.assert_allclose(got_lists.chosen, want_lists.chosen, atol=1e-5)
+    np.testing.assert_allclose(got_lists.rejected, want_lists.rejected, atol=1e-5)
+
+
+def test_the_trainer_trains_on_ranked_rows(tmp_path):
+    import math
+
+    import rewardax as rx
+
+    tokenizer = smollm2_tokenizer()
+    words = ["Great.", "Good.", "Fine.", "Bad.", "Awful.", "Dull.", "Lovely.", "Meh."]
+    rows = [
+        {"prompt": "Review: ", "responses": words[i : i + 3], "ranks": [1, 2, 3]} for i in range(6)
+    ]
+    config = rx.RewardConfig(
+        per_device_train_batch_size=4,
+        max_sequence_length=16,
+        max_training_steps=2,
+        save_directory=str(tmp_path),
+        progress_bar=False,
+    )
+    trainer = rx.RewardTrainer(config, tokenizer, model=tiny_llama(tokenizer), train_dataset=rows)
+    assert len(trainer.train_loader.source) == 6 * 3  # 3 pairs per ranking of 3
+    result = trainer.train()
+    assert math.isfinite(result.metrics["train"]["loss"])
+    assert result.metrics["train"]["num_pairs"] == 4
