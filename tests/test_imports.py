@@ -101,3 +101,25 @@ def test_rewardax_has_no_import_circle():
     graph = import_graph()
     cycle = find_cycle(graph)
     assert cycle is None, "import circle: " + " -> ".join(cycle)
+
+
+def test_importing_rewardax_starts_no_jax_backend():
+    """`import rewardax` (and its CLI module) must not start a JAX backend: rewardax.hostmem and
+    jax.distributed.initialize only apply before the first computation."""
+    import subprocess
+    import sys
+
+    code = (
+        "from jax._src import xla_bridge\n"
+        "import rewardax, rewardax.cli, rewardax.serve\n"
+        "print(xla_bridge.backends_are_initialized())\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={"JAX_PLATFORMS": "cpu", "PATH": ""},
+    )
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip() == "False"

@@ -35,7 +35,10 @@ from rewardax.models.kernels import ATTENTION_RESIDUALS, Kernels, select_kernels
 REMAT_POLICIES = ("none", "full", "save_dots", "save_attention")
 
 # Today's XLA:CPU formulation, the default of the layers when called without a choice.
-_CPU_KERNELS = select_kernels("cpu")
+# The formulation of a layer called without one (its float32 products as traced). Built for the
+# "cpu" backend by name: asking JAX for the backend here would start it at import, before
+# rewardax.hostmem can apply (tests/test_hostmem.py).
+_CPU_KERNELS = select_kernels("cpu", "cpu")
 
 
 def _param(
