@@ -361,18 +361,17 @@ def test_eval_rewardbench_layouts_equal_rules_applied_to_score_rewards(work, tok
     # RewardBench 1: pairs labelled with its subsets (and one of ours).
     names = ["alpacaeval-easy", "mt-bench-med", "math-prm", "hep-go", "mine"]
     rb1 = [{**r, "subset": names[i % len(names)]} for i, r in enumerate(pairs)]
-    code, out, err = run_main(
-        capsys,
-        [
-            "eval",
-            "--model",
-            str(export),
-            "--data",
-            str(write_jsonl(work["tmp"] / "rb1.jsonl", rb1)),
-        ],
-    )
-    assert code == 0, err
-    got = json.loads(out.strip().splitlines()[-1])["metrics"]["rewardbench"]
+
+    def evaluate(name: str, rows: list[dict], *extra: str) -> tuple[dict, str]:
+        path = write_jsonl(work["tmp"] / f"{name}.jsonl", rows)
+        code, out, err = run_main(
+            capsys, ["eval", "--model", str(export), "--data", str(path), *extra]
+        )
+        assert code == 0, err
+        return json.loads(out.strip().splitlines()[-1])["metrics"], err
+
+    metrics, err = evaluate("rb1", rb1)
+    got = metrics["rewardbench"]
     right = {s: [] for s in names}
     for r in rb1:
         right[r["subset"]].append(reward[r["chosen"]] > reward[r["rejected"]])
@@ -400,20 +399,8 @@ def test_eval_rewardbench_layouts_equal_rules_applied_to_score_rewards(work, tok
         {"prompt": PROMPT, "chosen": [a], "rejected": [b, c], "subset": "Ties", "id": "ref:0"},
         {"prompt": PROMPT, "chosen": [a, d], "rejected": [b], "subset": "Ties", "id": "tied:0"},
     ]
-    code, out, err = run_main(
-        capsys,
-        [
-            "eval",
-            "--model",
-            str(export),
-            "--data",
-            str(write_jsonl(work["tmp"] / "rb2.jsonl", rb2)),
-            "--report",
-            str(work["tmp"] / "rb2_report"),
-        ],
-    )
-    assert code == 0, err
-    got = json.loads(out.strip().splitlines()[-1])["metrics"]["rewardbench2"]
+    metrics, err = evaluate("rb2", rb2, "--report", str(work["tmp"] / "rb2_report"))
+    got = metrics["rewardbench2"]
     best = {"Focus": [], "Math": []}
     for row in rb2[:4]:
         s = [reward[t] for t in row["chosen"] + row["rejected"]]

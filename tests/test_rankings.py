@@ -133,3 +133,17 @@ def test_the_trainer_trains_on_ranked_rows(tmp_path):
     result = trainer.train()
     assert math.isfinite(result.metrics["train"]["loss"])
     assert result.metrics["train"]["num_pairs"] == 4
+
+
+def test_an_unreadable_line_in_a_ranked_file_is_named(tmp_path):
+    from rewardax.data import ShardedDataSource
+
+    path = tmp_path / "ranked.jsonl"
+    good = '{"responses": ["a", "b"], "ranks": [1, 2]}\n'
+    path.write_text("{oops\n" + good + good + "{\n")
+    # The layout comes from the first readable row (line 2); the scan names the first broken line.
+    with pytest.raises(DataError, match=r"ranked\.jsonl:1 \(row 0\): .*not valid JSON"):
+        rankings_as_pairs(ShardedDataSource(str(path)))
+    path.write_text(good + good + "{\n")
+    with pytest.raises(DataError, match=r"ranked\.jsonl:3 \(row 2\): .*not valid JSON"):
+        rankings_as_pairs(ShardedDataSource(str(path)))

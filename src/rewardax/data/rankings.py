@@ -1,6 +1,6 @@
 """Rows with K ≥ 2 responses, seen as the preference pairs their ranking implies.
 
-Two layouts (decided by the first row; every row must then have one of them):
+Two layouts (decided by the first readable row; every row must then have it):
   - `responses` (K responses: strings, or chat message lists) with `ranks` (K numbers, lower is
     better; equal ranks are ties), and an optional `prompt`;
   - `chosen` and `rejected` as lists of responses (RewardBench 2's layout): every chosen
@@ -24,6 +24,7 @@ from typing import Any
 
 import numpy as np
 
+from rewardax.data.formats import InvalidRow
 from rewardax.data.sources import ListSource
 from rewardax.errors import DataError
 
@@ -103,7 +104,7 @@ class RankedPairs(ListSource):
         self.source, self.layout = source, layout
         origin = []
         for i in range(len(source)):
-            _, pairs = row_pairs(source[i], layout, source.where(i))
+            _, pairs = row_pairs(_read(source, i), layout, source.where(i))
             origin += [(i, a, b) for a, b in pairs]
         self.origin = np.asarray(origin, np.int64).reshape(-1, 3)
 
@@ -112,7 +113,7 @@ class RankedPairs(ListSource):
 
     def __getitem__(self, index: int) -> dict[str, Any]:
         i, a, b = (int(x) for x in self.origin[int(index)])
-        row = self.source[i]
+        row = _read(self.source, i)
         responses, _ = row_pairs(row, self.layout, self.source.where(i))
         pair = {k: v for k, v in row.items() if k not in _RESPONSE_FIELDS}
         return {**pair, "chosen": responses[a], "rejected": responses[b]}
@@ -122,10 +123,26 @@ class RankedPairs(ListSource):
         return f"{self.source.where(i)} (response {a} over {b})"
 
 
-def rankings_as_pairs(source: Any) -> Any:
-    """``source`` itself, or a `RankedPairs` view when its first row lists several responses.
-    Streams (no random access) are returned as they are."""
-    if not (hasattr(source, "__getitem__") and hasattr(source, "__len__")) or len(source) == 0:
+def _read(source: Any, index: int) -> Any:
+    """Row ``index``; one that cannot be read (bad JSON) is a DataError naming it: a ranked
+    dataset is checked whole when it is opened."""
+    try:
+        return source[index]
+    except InvalidRow as bad:
+        raise DataError(f"{source.where(index)}: {bad}") from None
+
+
+def rankings_as_pairs(source: Any, probe_rows: int = 16) -> Any:
+    """``source`` itself, or a `RankedPairs` view when its first readable row (of the first
+    ``probe_rows``) lists several responses. Streams (no random access) are returned as they are;
+    unreadable rows are left to the pair pipeline's own errors."""
+    if not (hasattr(source, "__getitem__") and hasattr(source, "__len__")):
         return source
-    layout = ranking_layout(source[0])
-    return source if layout is None else RankedPairs(source, layout)
+    for i in range(min(len(source), probe_rows)):
+        try:
+            row = source[i]
+        except InvalidRow:
+            continue
+        layout = ranking_layout(row)
+        return source if layout is None else RankedPairs(source, layout)
+    return source
