@@ -212,19 +212,21 @@ def test_select_kernels_by_backend_and_override():
         RewardModel(_tiny_config(), kernels="flash", rngs=nnx.Rngs(0))
 
 
-def _dot_precisions(jaxpr) -> list:
-    """The precision of every dot_general in a jaxpr, its sub-jaxprs (scan, custom_vjp, the
-    Pallas kernels' bodies) included."""
-    found = []
+def _equations(jaxpr):
+    """Every equation of a jaxpr and of its sub-jaxprs (scan, custom_vjp, the Pallas kernels'
+    bodies)."""
     for eqn in jaxpr.eqns:
-        if eqn.primitive.name == "dot_general":
-            found.append(eqn.params["precision"])
+        yield eqn
         for value in eqn.params.values():
             for sub in value if isinstance(value, tuple | list) else (value,):
                 inner = getattr(sub, "jaxpr", sub)
                 if hasattr(inner, "eqns"):
-                    found += _dot_precisions(inner)
-    return found
+                    yield from _equations(inner)
+
+
+def _dot_precisions(jaxpr) -> list:
+    """The precision of every dot_general in a jaxpr, sub-jaxprs included."""
+    return [e.params["precision"] for e in _equations(jaxpr) if e.primitive.name == "dot_general"]
 
 
 def _model_gradient_precisions(kernels, matmul_dtype=None) -> list:
@@ -259,15 +261,7 @@ def test_float32_models_run_float32_products_off_the_cpu(setting):
 
 
 def _count_primitives(jaxpr, name: str) -> int:
-    count = 0
-    for eqn in jaxpr.eqns:
-        count += eqn.primitive.name == name
-        for value in eqn.params.values():
-            for sub in value if isinstance(value, tuple | list) else (value,):
-                inner = getattr(sub, "jaxpr", sub)
-                if hasattr(inner, "eqns"):
-                    count += _count_primitives(inner, name)
-    return count
+    return sum(e.primitive.name == name for e in _equations(jaxpr))
 
 
 def test_save_attention_remat_runs_no_second_attention_forward():
