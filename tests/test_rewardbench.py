@@ -152,3 +152,5 @@ def test_layout_detection():
     chat = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo"}]
     assert not rb.is_rewardbench2({"prompt": "p", "chosen": chat, "rejected": chat})
     assert not rb.is_rewardbench2({"prompt": "p", "chosen": "c", "rejected": "r"})
+    # Lists of responses without a subset: a plain ranking, not RewardBench 2.
+    assert not rb.is_rewardbench2({"prompt": "p", "chosen": ["c"], "rejected": ["r", "s"]})

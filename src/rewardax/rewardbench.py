@@ -101,9 +101,12 @@ def rewardbench1_scores(
 
 def is_rewardbench2(row: Any) -> bool:
     """A RewardBench 2 row: ``chosen`` is a list of response strings (a chat conversation is a
-    list of role/content dicts instead)."""
+    list of role/content dicts instead) and the row names its ``subset``. Without a subset, such
+    rows are plain rankings (`rewardax.data.rankings`)."""
     chosen = row.get("chosen") if isinstance(row, dict) else None
-    return isinstance(chosen, list) and bool(chosen) and isinstance(chosen[0], str)
+    return (
+        isinstance(chosen, list) and bool(chosen) and isinstance(chosen[0], str) and "subset" in row
+    )
 
 
 class ResponsePairs(ListSource):
