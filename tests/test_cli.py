@@ -415,5 +415,18 @@ def test_eval_rewardbench_layouts_equal_rules_applied_to_score_rewards(work, tok
     assert got["subsets"] == pytest.approx(want, abs=1e-6)
     assert got["score"] == pytest.approx(np.mean(list(want.values())), abs=1e-6)
     assert got["num_unscored"] == 0 and "RewardBench 2 score" in err
+    # Rankings (no subset): evaluated as their pairs, ties half as everywhere else.
+    ranked = [
+        {"prompt": PROMPT, "responses": responses[3 * i : 3 * i + 3], "ranks": [1, 2, 3]}
+        for i in range(4)
+    ]
+    metrics, _ = evaluate("ranked", ranked)
+    wins = [
+        float(reward[r["responses"][a]] > reward[r["responses"][b]])
+        + 0.5 * (reward[r["responses"][a]] == reward[r["responses"][b]])
+        for r in ranked
+        for a, b in ((0, 1), (0, 2), (1, 2))
+    ]
+    assert metrics["num_pairs"] == 12 and metrics["accuracy"] == pytest.approx(np.mean(wins))
     page = (work["tmp"] / "rb2_report" / "index.html").read_text()
     assert "rb2: RewardBench 2" in page and "<td>Ties</td>" in page
