@@ -428,5 +428,10 @@ def test_eval_rewardbench_layouts_equal_rules_applied_to_score_rewards(work, tok
         for a, b in ((0, 1), (0, 2), (1, 2))
     ]
     assert metrics["num_pairs"] == 12 and metrics["accuracy"] == pytest.approx(np.mean(wins))
+    top1 = [
+        float(max(r["responses"], key=lambda t: reward[t]) == r["responses"][0]) for r in ranked
+    ]
+    assert metrics["ranking"]["num_rows"] == 4
+    assert metrics["ranking"]["top1_accuracy"] == pytest.approx(np.mean(top1))
     page = (work["tmp"] / "rb2_report" / "index.html").read_text()
     assert "rb2: RewardBench 2" in page and "<td>Ties</td>" in page

@@ -147,3 +147,19 @@ def test_an_unreadable_line_in_a_ranked_file_is_named(tmp_path):
     path.write_text(good + good + "{\n")
     with pytest.raises(DataError, match=r"ranked\.jsonl:3 \(row 2\): .*not valid JSON"):
         rankings_as_pairs(ShardedDataSource(str(path)))
+
+
+def test_ranking_metrics_hand_values():
+    from rewardax.data.rankings import kendall_tau, ranking_metrics
+
+    rows = [{"ranks": [1, 2, 3]}] * 3
+    rewards = [np.array([3.0, 2.0, 1.0]), np.array([1.0, 2.0, 3.0]), np.array([2.0, 2.0, 1.0])]
+    # Row 3: τ-b = (0 + 1 + 1) / sqrt(2 x 3) (one reward tie); ρ of average ranks [2.5, 2.5, 1]
+    # against [3, 2, 1] = 1.5 / sqrt(1.5 x 2); the top is shared by the best response: 1/2.
+    assert kendall_tau(rewards[2], -np.array([1.0, 2.0, 3.0])) == pytest.approx(2 / 6**0.5)
+    got = ranking_metrics(rows, rewards)
+    assert got["num_rows"] == 3
+    assert got["spearman"] == pytest.approx((1 - 1 + 1.5 / 3**0.5) / 3)
+    assert got["kendall_tau"] == pytest.approx((1 - 1 + 2 / 6**0.5) / 3)
+    assert got["top1_accuracy"] == pytest.approx((1 + 0 + 0.5) / 3)
+    assert ranking_metrics(rows[:1], [None])["num_rows"] == 0

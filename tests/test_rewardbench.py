@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from rewardax import rewardbench as rb
+from rewardax.data.rankings import response_rewards
 from rewardax.data.sources import ListSource
 from rewardax.errors import DataError
 
@@ -84,10 +85,10 @@ def _rb2_rows():
 def test_rewardbench2_pairs_cover_every_response_and_rewards_come_back():
     source = ListSource(_rb2_rows(), name="rb2.jsonl")
     pairs = rb.expand_rewardbench2(source)
-    assert len(pairs) == 3 + 3 + 3 + 2 + 2
-    assert pairs[0] == {"prompt": "p0", "chosen": "c0", "rejected": "r0"}
-    assert pairs.where(12) == "rb2.jsonl[4] (chosen[1] vs rejected[0])"
-    # A reward per text, as a scorer would give; pairs 5 and 6 of row 1 dropped (unscored).
+    assert len(pairs) == 3 + 3 + 3 + 2 + 2  # every chosen over every rejected
+    assert pairs[0]["chosen"] == "c0" and pairs[0]["rejected"] == "r0"
+    assert pairs.where(12) == "rb2.jsonl[4] (response 1 over 2)"  # d over b
+    # A reward per text, as a scorer would give; pairs 4 and 5 of row 1 dropped (unscored).
     value = {
         t: float(i)
         for i, t in enumerate(
@@ -114,10 +115,10 @@ def test_rewardbench2_pairs_cover_every_response_and_rewards_come_back():
     kept = np.array([i for i in range(len(pairs)) if i not in (4, 5)])
     chosen = np.array([value[pairs[i]["chosen"]] for i in kept])
     rejected = np.array([value[pairs[i]["rejected"]] for i in kept])
-    per_row = rb.response_rewards(pairs, kept, chosen, rejected)
+    per_row = response_rewards(pairs, kept, chosen, rejected)
     assert per_row[1] is None  # r4 and r5 were in no scored pair
-    np.testing.assert_array_equal(per_row[0][1], [1.0, 2.0, 3.0])
-    np.testing.assert_array_equal(per_row[4][0], [value["a"], value["d"]])
+    np.testing.assert_array_equal(per_row[0], [0.0, 1.0, 2.0, 3.0])  # chosen first
+    np.testing.assert_array_equal(per_row[4], [value["a"], value["d"], value["b"]])
     scores = rb.rewardbench2_scores(_rb2_rows(), per_row)
     # Focus: row 0 (c0 = 0 below r0..r2) scores 0, row 1 unscored; Math: c2 = 8 < r6 = 9: 0.
     assert scores["subsets"]["Focus"] == 0.0 and scores["num_rows"]["Focus"] == 1

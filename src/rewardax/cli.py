@@ -307,7 +307,12 @@ def cmd_eval(args: argparse.Namespace, extra: list[str]) -> dict[str, Any]:
     from rewardax import distributed
     from rewardax import rewardbench as rb
     from rewardax.data import load_source
-    from rewardax.data.rankings import rankings_as_pairs
+    from rewardax.data.rankings import (
+        RankedPairs,
+        ranking_metrics,
+        rankings_as_pairs,
+        response_rewards,
+    )
     from rewardax.models import AutoRewardModel, ModelOptions, load_tokenizer
     from rewardax.pair_scoring import PairScorer
     from rewardax.sharding import make_mesh
@@ -339,7 +344,7 @@ def cmd_eval(args: argparse.Namespace, extra: list[str]) -> dict[str, Any]:
         pairs = rb.expand_rewardbench2(source)
         rewards = scorer(arrays, pairs)
         metrics = rewards.metrics()  # over the pairs: each chosen against rejected responses
-        per_row = rb.response_rewards(pairs, rewards.row_index, rewards.chosen, rewards.rejected)
+        per_row = response_rewards(pairs, rewards.row_index, rewards.chosen, rewards.rejected)
         metrics["rewardbench2"] = rb.rewardbench2_scores(
             [source[i] for i in range(len(source))], per_row
         )
@@ -350,6 +355,16 @@ def cmd_eval(args: argparse.Namespace, extra: list[str]) -> dict[str, Any]:
         rewards = scorer(arrays, source)
         subsets = _subsets(source, rewards.row_index)
         metrics = rewards.metrics(subsets=subsets)
+        if isinstance(source, RankedPairs) and source.layout == "ranks":
+            per_row = response_rewards(source, rewards.row_index, rewards.chosen, rewards.rejected)
+            rows = [source.source[i] for i in range(len(source.source))]
+            metrics["ranking"] = ranking_metrics(rows, per_row)
+            shown = ", ".join(
+                f"{k} {'n/a' if v is None else f'{v:.4f}'}"
+                for k, v in metrics["ranking"].items()
+                if k != "num_rows"
+            )
+            _log(f"{name}: rankings of {metrics['ranking']['num_rows']} rows: {shown}")
         rb1 = subsets and rb.rewardbench1_scores(rewards.chosen, rewards.rejected, subsets)
         if rb1:
             metrics["rewardbench"] = rb1

@@ -17,13 +17,12 @@ The rules are those of allenai/reward-bench (commit 05a9005, read 2026-12-05):
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 
-from rewardax.data.sources import ListSource
+from rewardax.data.rankings import RankedPairs
 from rewardax.errors import DataError
 
 # Section -> {subset: weight}. Weights are the subsets' sizes (EXAMPLE_COUNTS), except math-prm:
@@ -109,41 +108,17 @@ def is_rewardbench2(row: Any) -> bool:
     )
 
 
-class ResponsePairs(ListSource):
-    """The pairs `expand_rewardbench2` made; errors name the source row they came from."""
-
-    def __init__(self, pairs: list[dict[str, Any]], where: np.ndarray, source: Any):
-        super().__init__(pairs, name=getattr(source, "name", "rows"))
-        self.origin, self.source = where, source
-
-    def where(self, index: int) -> str:
-        row, a, b = self.origin[int(index)]
-        return f"{self.source.where(int(row))} (chosen[{a}] vs rejected[{b}])"
-
-
-def expand_rewardbench2(source: Any) -> ResponsePairs:
-    """RewardBench 2 rows -> preference pairs in which every response appears at least once.
-
-    Row i with responses c[0..C) and r[0..R) gives max(C, R) pairs (c[j mod C], r[j mod R]).
-
-    Returns:
-      The pair rows ``{prompt, chosen, rejected}``; ``.origin``: int [P, 3], each pair's
-      (source row, chosen index, rejected index).
+def expand_rewardbench2(source: Any) -> RankedPairs:
+    """RewardBench 2 rows, checked, as preference pairs: every chosen response over every
+    rejected one (`rewardax.data.rankings`; best of 4: 3 pairs), so every response is scored.
+    `rankings.response_rewards` gives each row's rewards back, chosen first.
 
     Raises:
       DataError naming the row and field for a row that is not RewardBench 2 shaped.
     """
-    pairs: list[dict[str, Any]] = []
-    where: list[tuple[int, int, int]] = []
     for i in range(len(source)):
-        row = source[i]
-        _check_rb2_row(row, source.where(i))
-        chosen, rejected = row["chosen"], row["rejected"]
-        for j in range(max(len(chosen), len(rejected))):
-            a, b = j % len(chosen), j % len(rejected)
-            pairs.append({"prompt": row["prompt"], "chosen": chosen[a], "rejected": rejected[b]})
-            where.append((i, a, b))
-    return ResponsePairs(pairs, np.asarray(where, np.int64).reshape(-1, 3), source)
+        _check_rb2_row(source[i], source.where(i))
+    return RankedPairs(source, "lists")
 
 
 def _check_rb2_row(row: Any, where: str) -> None:
@@ -171,30 +146,6 @@ def _ties_id(row: dict[str, Any], where: str) -> tuple[str, int]:
             f"got {row.get('id')!r}"
         )
     return parts[0], int(parts[1])
-
-
-def response_rewards(
-    pairs: ResponsePairs, pair_index: np.ndarray, chosen: np.ndarray, rejected: np.ndarray
-) -> list[tuple[np.ndarray, np.ndarray] | None]:
-    """Each source row's (chosen rewards, rejected rewards), from the scored pairs.
-
-    ``pair_index``, ``chosen``, ``rejected``: the scored pairs (index into ``pairs``) and their
-    rewards. A response scored in several pairs takes its first reward. A row with a response in
-    no scored pair (its pairs were dropped) is None.
-    """
-    source = pairs.source
-    tables = [
-        (np.full(len(source[i]["chosen"]), np.nan), np.full(len(source[i]["rejected"]), np.nan))
-        for i in range(len(source))
-    ]
-    for p, c, r in zip(pair_index.tolist(), chosen.tolist(), rejected.tolist(), strict=True):
-        row, a, b = pairs.origin[p]
-        c_table, r_table = tables[row]
-        if math.isnan(c_table[a]):
-            c_table[a] = c
-        if math.isnan(r_table[b]):
-            r_table[b] = r
-    return [None if np.isnan(np.concatenate(t)).any() else t for t in tables]
 
 
 def best_of_n(chosen: np.ndarray, rejected: np.ndarray) -> float:
@@ -283,8 +234,9 @@ def rewardbench2_scores(
     """RewardBench 2's subset scores and overall score.
 
     Args:
-      rows: the source rows (``subset``; Ties rows also ``id``).
-      rewards: each row's (chosen rewards, rejected rewards), None for a row not scored.
+      rows: the source rows (``chosen``, ``rejected``, ``subset``; Ties rows also ``id``).
+      rewards: each row's rewards, chosen responses first (`rankings.response_rewards`), None
+        for a row not scored.
 
     Returns:
       {"subsets": {subset: score}, "num_rows": {subset: rows scored}, "ties": `ties_score`'s
@@ -298,6 +250,8 @@ def rewardbench2_scores(
         if scored is None:
             unscored += 1
             continue
+        c = len(row["chosen"])
+        scored = (scored[:c], scored[c:])
         subset = row["subset"]
         if subset.lower() == TIES_SUBSET:
             key = _ties_id(row, f"row {i}")

@@ -27,6 +27,7 @@ import numpy as np
 from rewardax.data.formats import InvalidRow
 from rewardax.data.sources import ListSource
 from rewardax.errors import DataError
+from rewardax.evaluation import spearman_correlation
 
 _RESPONSE_FIELDS = ("responses", "ranks", "chosen", "rejected")
 
@@ -121,6 +122,71 @@ class RankedPairs(ListSource):
     def where(self, index: int) -> str:
         i, a, b = (int(x) for x in self.origin[int(index)])
         return f"{self.source.where(i)} (response {a} over {b})"
+
+
+def response_rewards(
+    pairs: RankedPairs, pair_index: np.ndarray, chosen: np.ndarray, rejected: np.ndarray
+) -> list[np.ndarray | None]:
+    """Each source row's rewards, one per response (``responses`` order; ``chosen`` then
+    ``rejected`` for lists), from its scored pairs.
+
+    ``pair_index``, ``chosen``, ``rejected``: the scored pairs (indices into ``pairs``) and their
+    rewards. A response in several pairs takes its first reward. A row with a response in no
+    scored pair (its pairs were dropped) is None.
+    """
+    source = pairs.source
+    tables: dict[int, np.ndarray] = {}
+    for p, c, r in zip(
+        np.asarray(pair_index).tolist(), chosen.tolist(), rejected.tolist(), strict=True
+    ):
+        row, a, b = (int(x) for x in pairs.origin[p])
+        if row not in tables:
+            responses, _ = row_pairs(_read(source, row), pairs.layout, source.where(row))
+            tables[row] = np.full(len(responses), np.nan)
+        table = tables[row]
+        if np.isnan(table[a]):
+            table[a] = c
+        if np.isnan(table[b]):
+            table[b] = r
+    out: list[np.ndarray | None] = [None] * len(source)
+    for row, table in tables.items():
+        out[row] = None if np.isnan(table).any() else table
+    return out
+
+
+def kendall_tau(x: np.ndarray, y: np.ndarray) -> float | None:
+    """Kendall's τ-b of two [K] vectors (ties in either allowed); None when undefined."""
+    x, y = np.asarray(x, np.float64), np.asarray(y, np.float64)
+    i, j = np.triu_indices(len(x), k=1)
+    dx, dy = np.sign(x[i] - x[j]), np.sign(y[i] - y[j])
+    denominator = np.sqrt(np.sum(dx != 0) * np.sum(dy != 0))
+    return None if denominator == 0 else float(np.sum(dx * dy) / denominator)
+
+
+def ranking_metrics(rows: list[Any], rewards: list[np.ndarray | None]) -> dict[str, Any]:
+    """How well rewards order each `responses` + `ranks` row: mean Spearman ρ and Kendall τ-b
+    between reward and rank (higher reward for a lower rank counts as agreement), and top-1
+    accuracy (the highest reward on a best-ranked response; a tie at the top counts 1/k), over
+    the rows scored."""
+    spearman, kendall, top1 = [], [], []
+    for row, reward in zip(rows, rewards, strict=True):
+        if reward is None:
+            continue
+        better = -np.asarray(row["ranks"], np.float64)
+        rho, tau = spearman_correlation(reward, better), kendall_tau(reward, better)
+        if rho is not None:
+            spearman.append(rho)
+        if tau is not None:
+            kendall.append(tau)
+        top = reward == reward.max()
+        top1.append(float(np.sum(top & (better == better.max())) / np.sum(top)))
+    mean = lambda v: float(np.mean(v)) if v else None  # noqa: E731
+    return {
+        "spearman": mean(spearman),
+        "kendall_tau": mean(kendall),
+        "top1_accuracy": mean(top1),
+        "num_rows": len(top1),
+    }
 
 
 def _read(source: Any, index: int) -> Any:
