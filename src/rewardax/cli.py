@@ -290,15 +290,18 @@ def _subsets(source: Any, row_index: Any) -> list[str] | None:
     return labels
 
 
-def _random_access(source: Any) -> bool:
-    return hasattr(source, "__getitem__") and hasattr(source, "__len__")
+def _score_text(value: float | None) -> str:
+    return "n/a" if value is None else f"{value:.4f}"
+
+
+def _scores_text(scores: Mapping[str, float | None]) -> str:
+    """ "Factuality 0.5000, ..., Ties n/a": named scores on the console."""
+    return ", ".join(f"{k} {_score_text(v)}" for k, v in scores.items())
 
 
 def _rewardbench_line(scores: dict[str, Any], title: str, parts: str = "subsets") -> str:
-    """ "RewardBench 2 score 0.6123 (Factuality 0.5, ..., Ties 0.71)": the console's summary."""
-    shown = ", ".join(f"{k} {'n/a' if v is None else f'{v:.4f}'}" for k, v in scores[parts].items())
-    total = "n/a" if scores["score"] is None else f"{scores['score']:.4f}"
-    return f"{title} score {total} ({shown})"
+    """ "RewardBench 2 score 0.6123 (Factuality 0.5000, ..., Ties 0.7100)": the console's summary."""
+    return f"{title} score {_score_text(scores['score'])} ({_scores_text(scores[parts])})"
 
 
 def cmd_eval(args: argparse.Namespace, extra: list[str]) -> dict[str, Any]:
@@ -309,6 +312,7 @@ def cmd_eval(args: argparse.Namespace, extra: list[str]) -> dict[str, Any]:
     from rewardax.data import load_source
     from rewardax.data.rankings import (
         RankedPairs,
+        has_random_access,
         ranking_metrics,
         rankings_as_pairs,
         response_rewards,
@@ -339,7 +343,7 @@ def cmd_eval(args: argparse.Namespace, extra: list[str]) -> dict[str, Any]:
         batch_size=config.train.per_device_eval_batch_size * dp * fsdp,
     )
     del model
-    if _random_access(source) and len(source) and rb.is_rewardbench2(source[0]):
+    if has_random_access(source) and len(source) and rb.is_rewardbench2(source[0]):
         # RewardBench 2: every response scored (in pairs that cover them all), then its rules.
         pairs = rb.expand_rewardbench2(source)
         rewards = scorer(arrays, pairs)
@@ -359,12 +363,9 @@ def cmd_eval(args: argparse.Namespace, extra: list[str]) -> dict[str, Any]:
             per_row = response_rewards(source, rewards.row_index, rewards.chosen, rewards.rejected)
             rows = [source.source[i] for i in range(len(source.source))]
             metrics["ranking"] = ranking_metrics(rows, per_row)
-            shown = ", ".join(
-                f"{k} {'n/a' if v is None else f'{v:.4f}'}"
-                for k, v in metrics["ranking"].items()
-                if k != "num_rows"
-            )
-            _log(f"{name}: rankings of {metrics['ranking']['num_rows']} rows: {shown}")
+            scores = {k: v for k, v in metrics["ranking"].items() if k != "num_rows"}
+            rows_scored = metrics["ranking"]["num_rows"]
+            _log(f"{name}: rankings of {rows_scored} rows: {_scores_text(scores)}")
         rb1 = subsets and rb.rewardbench1_scores(rewards.chosen, rewards.rejected, subsets)
         if rb1:
             metrics["rewardbench"] = rb1

@@ -198,11 +198,16 @@ def _read(source: Any, index: int) -> Any:
         raise DataError(f"{source.where(index)}: {bad}") from None
 
 
+def has_random_access(source: Any) -> bool:
+    """``len(source)`` and ``source[i]`` work (files, lists, datasets; not streams)."""
+    return hasattr(source, "__getitem__") and hasattr(source, "__len__")
+
+
 def rankings_as_pairs(source: Any, probe_rows: int = 16) -> Any:
     """``source`` itself, or a `RankedPairs` view when its first readable row (of the first
     ``probe_rows``) lists several responses. Streams (no random access) are returned as they are;
     unreadable rows are left to the pair pipeline's own errors."""
-    if not (hasattr(source, "__getitem__") and hasattr(source, "__len__")):
+    if not has_random_access(source):
         return source
     for i in range(min(len(source), probe_rows)):
         try:
