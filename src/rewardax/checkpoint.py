@@ -27,6 +27,7 @@ import dataclasses
 import os
 import re
 import shutil
+import sys
 import time
 import warnings
 from collections.abc import Iterator
@@ -137,6 +138,52 @@ def _describe(exc: BaseException) -> str:
         if any(needle in described for needle in needles):
             return f"{meaning} ({described})"
     return described
+
+
+def _abandoned_read_report(unraisable: Any) -> bool:
+    """True for the unraisable-exception reports an abandoned Orbax restore leaves behind.
+
+    When one array of a checkpoint cannot be read, Orbax (0.12) stops waiting for the others and
+    closes its event loop: each pending read coroutine, collected later, reports its own wrapped
+    error ("Exception ignored in: <coroutine ... _read_array_index_and_device_put>", a page of
+    TensorStore spec each), and each TensorStore read that finishes afterwards reports "Event loop
+    is closed" from asyncio's ``call_soon_threadsafe``. A corrupt checkpoint of a small model
+    printed 5,000 such lines, from other threads, in the middle of rewardax's own error line.
+    """
+    code = getattr(unraisable.object, "cr_code", None)
+    if code is not None and f"{os.sep}orbax{os.sep}" in code.co_filename:
+        return True
+    exc = unraisable.exc_value
+    if not (isinstance(exc, RuntimeError) and str(exc) == "Event loop is closed"):
+        return False
+    frames = []
+    tb = unraisable.exc_traceback
+    while tb is not None:
+        frames.append(tb.tb_frame.f_code.co_name)
+        tb = tb.tb_next
+    return "call_soon_threadsafe" in frames
+
+
+_previous_unraisablehook: Any = None
+
+
+def _drop_abandoned_read_reports() -> None:
+    """Installs (once per process) a ``sys.unraisablehook`` that drops only the reports
+    :func:`_abandoned_read_report` recognises and hands every other one to the hook it replaced.
+
+    Installed before a restore is attempted and left in place: the reports arrive from
+    TensorStore's threads and the garbage collector at any time after the failed attempt.
+    """
+    global _previous_unraisablehook
+    if _previous_unraisablehook is not None:
+        return
+    _previous_unraisablehook = sys.unraisablehook
+
+    def hook(unraisable: Any) -> None:
+        if not _abandoned_read_report(unraisable):
+            _previous_unraisablehook(unraisable)
+
+    sys.unraisablehook = hook
 
 
 def _all_processes_agree(ok: bool) -> bool:
@@ -493,6 +540,7 @@ class TrainCheckpointer:
         )
         error: str | None = None
         state = extra = None
+        _drop_abandoned_read_reports()
         try:
             stored = self._manager.item_metadata(step)["state"]
             if stored is None:
