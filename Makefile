@@ -23,7 +23,14 @@ $(BIN)/.installed-%: pyproject.toml requirements-%.lock requirements-smollm2.loc
 demo: $(BIN)/.installed-demo
 	$(BIN)/rewardax train
 
-test: $(BIN)/.installed-test
+# libtpu for the `rewardax plan` tests, beside the venv rather than in it (requirements-tpu.lock).
+LIBTPU := $(VENV)/libtpu
+$(LIBTPU)/.installed: requirements-tpu.lock $(BIN)/.installed-test
+	rm -rf $(LIBTPU)
+	$(PIP_INSTALL) --require-hashes --no-deps --target $(LIBTPU) -r requirements-tpu.lock
+	touch $@
+
+test: $(BIN)/.installed-test $(LIBTPU)/.installed
 	$(BIN)/ruff check src tests benchmarks
 	$(BIN)/ruff format --check src tests benchmarks
 	$(BIN)/python -m pytest --durations=20 $(PYTEST_ARGS)

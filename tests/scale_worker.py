@@ -74,7 +74,7 @@ def pairs(n: int, seed: int = 0) -> list[dict]:
     return [{"chosen": sentence("good"), "rejected": sentence("bad")} for _ in range(n)]
 
 
-def tiny_model(hidden: int = 32, mlp: int = 64) -> rx.RewardModel:
+def tiny_model(hidden: int = 32, mlp: int = 64, kernels: str = "auto") -> rx.RewardModel:
     config = rx.ModelConfig(
         architecture="llama",
         vocab_size=VOCAB,
@@ -85,7 +85,7 @@ def tiny_model(hidden: int = 32, mlp: int = 64) -> rx.RewardModel:
         num_key_value_heads=2,
         pad_token_id=0,
     )
-    return rx.RewardModel(config, rngs=nnx.Rngs(0))
+    return rx.RewardModel(config, rngs=nnx.Rngs(0), kernels=kernels)
 
 
 def make_config(mesh: dict, **overrides) -> rx.RewardConfig:
@@ -144,12 +144,25 @@ def layout(tree) -> dict[str, dict]:
 
 def case_mesh_parity() -> dict:
     """dp=2 x fsdp=2 x tp=2 through the trainer vs the same pure step on one device."""
+    return mesh_parity(tiny_model(), "mesh")
+
+
+def case_splash_mesh_parity() -> dict:
+    """The same with splash attention (Pallas, interpret mode here): XLA cannot partition its
+    kernel, which runs per shard under shard_map (rows over dp x fsdp, heads over tp)."""
+    # SGD: the updates are the gradients (Adam would turn the float noise of gradients near zero
+    # into whole learning-rate steps of either sign).
+    model = tiny_model(hidden=128, mlp=64, kernels="pallas")
+    return mesh_parity(model, "splash", name="sgd", learning_rate=0.3)
+
+
+def mesh_parity(model: rx.RewardModel, run_name: str, **settings) -> dict:
     tok = tiny_tokenizer()
     rows = pairs(64)
     trainer = rx.RewardTrainer(
-        make_config({"dp": 2, "fsdp": 2, "tp": 2}, run_name="mesh"),
+        make_config({"dp": 2, "fsdp": 2, "tp": 2}, run_name=run_name, **settings),
         tok,
-        model=tiny_model(),
+        model=model,
         train_dataset=rows,
     )
     start = jax.device_get(trainer.state.arrays())  # host copies: the step donates its inputs
@@ -336,6 +349,7 @@ def case_train_distributed() -> dict:
 
 CASES = {
     "mesh_parity": case_mesh_parity,
+    "splash_mesh_parity": case_splash_mesh_parity,
     "memory": case_memory,
     "reshard": case_reshard,
     "train_distributed": case_train_distributed,

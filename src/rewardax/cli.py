@@ -545,6 +545,26 @@ def cmd_serve(args: argparse.Namespace, extra: list[str]) -> dict[str, Any]:
 # ----------------------------------------------------------------------------------------- parser
 
 
+def cmd_plan(args: argparse.Namespace, extra: list[str]) -> dict[str, Any]:
+    from rewardax.config import RewardConfig
+    from rewardax.plan import describe, plan
+
+    overrides = _overrides(extra)
+
+    def build(settings: list[str]) -> RewardConfig:
+        return RewardConfig.from_yaml(args.config or DEFAULT_CONFIG, settings)
+
+    result = plan(
+        build(overrides),
+        args.topology,
+        overrides=overrides,
+        suggest=not args.no_suggest,
+        rebuild=build,
+    )
+    print(describe(result), flush=True)
+    return {"command": "plan", **result.to_dict()}
+
+
 def _fields_help() -> str:
     import textwrap
 
@@ -708,6 +728,23 @@ def build_parser() -> argparse.ArgumentParser:
         "--truncation", choices=["keep_end", "keep_start"], help="data.truncation_mode"
     )
     serve.add_argument("--tokenizer", help="tokenizer directory/.gguf (default: the model's own)")
+    pl = sub.add_parser(
+        "plan",
+        help="compile the train step for a TPU slice (any machine) and say whether it fits",
+        description="Compile the job's train step (its model, sharding table, batch, remat and "
+        "dtypes, as `rewardax train` would run it) for the chips of a TPU slice, on any machine "
+        "with libtpu (pip install 'rewardax[tpu]'; no TPU needed), and report HBM per chip "
+        "(arguments, temporaries, outputs, host), the chip's limit, whether it fits, and model "
+        "FLOPs per step. When it does not fit, settings that lower memory are compiled too. "
+        "model.path may be a directory holding only config.json (configs/shapes/).",
+        epilog="example: rewardax plan --config configs/tiny.yaml --topology v5e:2x4 "
+        "--model.path=configs/shapes/qwen2.5-7b --data.max_sequence_length=4096",
+    )
+    pl.add_argument("--config", help="a YAML config (default: the packaged default.yaml)")
+    pl.add_argument("--topology", required=True, help="a TPU slice, e.g. v5e:1x1, v5e:2x4, v6e:2x2")
+    pl.add_argument(
+        "--no-suggest", action="store_true", help="compile only the job, not alternatives"
+    )
     return parser
 
 
@@ -717,6 +754,7 @@ COMMANDS = {
     "score": cmd_score,
     "export": cmd_export,
     "serve": cmd_serve,
+    "plan": cmd_plan,
 }
 
 

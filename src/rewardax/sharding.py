@@ -136,6 +136,18 @@ def bytes_per_device(tree: Any) -> dict[Any, int]:
     return totals
 
 
+def traced_in_mesh(fn: Any, mesh: Mesh) -> Any:
+    """``fn`` traced with ``mesh`` as the context's (abstract) mesh, for what inside needs to
+    know how its inputs are split: Pallas kernels cannot be partitioned by XLA and run per shard
+    under ``shard_map`` over this mesh (``models.pallas_attention``). Wrap before ``jax.jit``."""
+
+    def in_mesh(*args: Any, **kwargs: Any) -> Any:
+        with jax.sharding.use_abstract_mesh(mesh.abstract_mesh):
+            return fn(*args, **kwargs)
+
+    return in_mesh
+
+
 def replicated(mesh: Mesh) -> NamedSharding:
     """The same full array on every device of `mesh`."""
     return NamedSharding(mesh, PartitionSpec())

@@ -20,6 +20,7 @@ from flax import nnx
 
 from rewardax import losses
 from rewardax.errors import ConfigError
+from rewardax.sharding import batch_sharding, replicated, traced_in_mesh
 
 Batch = dict[str, jax.Array]
 Arrays = dict[str, Any]
@@ -173,6 +174,23 @@ def make_train_step(
         return new_arrays, metrics
 
     return train_step
+
+
+def jit_train_step(
+    train_step: Callable[[Arrays, Batch], tuple[Arrays, dict[str, jax.Array]]],
+    state_shardings: Any,
+    mesh: jax.sharding.Mesh,
+):
+    """`train_step` jitted as every caller runs it: the state in and out with its own shardings
+    (and donated: its buffers are reused for the new state), the batch split over the
+    data-parallel axes, the metrics replicated. `RewardTrainer` runs this program and
+    `rewardax plan` compiles it for a TPU slice, so what plan measures is what train runs."""
+    return jax.jit(
+        traced_in_mesh(train_step, mesh),
+        in_shardings=(state_shardings, batch_sharding(mesh)),
+        out_shardings=(state_shardings, replicated(mesh)),
+        donate_argnums=(0,),
+    )
 
 
 def make_eval_step(graphdef) -> Callable[[Arrays, Batch], dict[str, jax.Array]]:

@@ -46,7 +46,7 @@ from rewardax.sharding import (
     state_shardings,
 )
 from rewardax.state import RewardState
-from rewardax.steps import make_eval_step, make_train_step
+from rewardax.steps import jit_train_step, make_eval_step, make_train_step
 from rewardax.train_hooks import NonFiniteGuard, TrainLog
 
 EXPORT_DIRNAME = "export"
@@ -309,12 +309,7 @@ class RewardTrainer:
         )
         shardings = jax.tree.map(lambda x: x.sharding, self.state.arrays())
         data = batch_sharding(self.mesh)
-        jitted_train = jax.jit(
-            train_step,
-            in_shardings=(shardings, data),
-            out_shardings=(shardings, replicated(self.mesh)),
-            donate_argnums=(0,),
-        )
+        jitted_train = jit_train_step(train_step, shardings, self.mesh)
         jitted_eval = jax.jit(
             make_eval_step(self.state.graphdef),
             in_shardings=(shardings, data),

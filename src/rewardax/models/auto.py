@@ -13,11 +13,11 @@ from typing import Any
 
 import numpy as np
 
-from rewardax.errors import ModelLoadError
+from rewardax.errors import ConfigError, ModelLoadError
 from rewardax.hub import resolve_model_path
 from rewardax.models.config import ModelConfig
 from rewardax.models.gguf import open_gguf, smollm2_gguf_path
-from rewardax.models.hf import conversion_command, open_hf_directory
+from rewardax.models.hf import conversion_command, open_hf_directory, read_config_json
 from rewardax.models.loading import ModelOptions, assemble_model
 from rewardax.models.reward import RewardModel
 
@@ -81,6 +81,21 @@ class AutoRewardModel:
             return assemble_model(config, read_tensor, available, options, source=source)
 
 
+def read_architecture(path: str | Path) -> ModelConfig:
+    """The architecture of a model without its weights: a directory's (or a file's) config.json,
+    a ``.gguf`` file's metadata, or a hub name's cached snapshot. A directory holding only a
+    config.json is enough: ``rewardax plan`` sizes a model from it."""
+    path = resolve_model_path(path)
+    if path.is_file() and path.suffix == ".gguf":
+        with open_gguf(path) as (config, _, _):
+            return config
+    directory = path.parent if path.is_file() else path
+    try:
+        return ModelConfig.from_hf_dict(read_config_json(directory))
+    except ConfigError as exc:
+        raise ModelLoadError(f"{directory / 'config.json'}: {exc}") from exc
+
+
 @contextmanager
 def _open_tensors(
     path: Path,
@@ -105,4 +120,4 @@ def _open_tensors(
         yield (*found, str(path))
 
 
-__all__ = ["AutoRewardModel", "ModelOptions", "smollm2_gguf_path"]
+__all__ = ["AutoRewardModel", "ModelOptions", "read_architecture", "smollm2_gguf_path"]

@@ -33,7 +33,8 @@ from rewardax.models.registry import tensor_specs, to_hf
 MAX_SHARD_BYTES = 2 * 1024**3
 
 
-def _read_config(directory: Path) -> dict[str, Any]:
+def read_config_json(directory: Path) -> dict[str, Any]:
+    """A Hugging Face directory's config.json as a dict; ModelLoadError when absent or not JSON."""
     path = directory / "config.json"
     if not path.is_file():
         raise ModelLoadError(f"{directory}: no config.json; not a Hugging Face model directory.")
@@ -171,7 +172,7 @@ def open_hf_directory(
     """
     directory = Path(directory)
     try:
-        config = ModelConfig.from_hf_dict(_read_config(directory))
+        config = ModelConfig.from_hf_dict(read_config_json(directory))
     except ConfigError as exc:
         raise ModelLoadError(f"{directory / 'config.json'}: {exc}") from exc
     files = _weight_files(directory)

@@ -22,8 +22,10 @@ import jax
 import jax.numpy as jnp
 from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_kernel as splash
 from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_mask as splash_mask
+from jax.sharding import PartitionSpec
 
 from rewardax.models.kernels import ATTENTION_RESIDUALS, SPLASH_BLOCK, traced_under
+from rewardax.sharding import LOGICAL_AXIS_RULES
 
 # The kernel's lane width: tiles must be multiples of it.
 _LANES = 128
@@ -71,6 +73,27 @@ def splash_block_sizes(
         block_kv_compute=bkv_compute,
         use_fused_bwd_kernel=fused_backward,
         **backward,
+    )
+
+
+def _per_shard(kernel, heads: int, kv_heads: int):
+    """``kernel`` as is on one device; on a mesh (the context's, `sharding.traced_in_mesh`) run
+    per shard under ``shard_map``, since XLA cannot partition a Mosaic kernel: rows split over
+    the data-parallel axes as the batch is, heads over ``tp`` when both head counts divide by it
+    (else every ``tp`` device computes all heads of its rows)."""
+    mesh = jax.sharding.get_abstract_mesh()
+    if mesh.empty or mesh.size == 1:
+        return kernel
+    batch = LOGICAL_AXIS_RULES["batch"]
+    tp = mesh.shape.get("tp", 1)
+    head_axis = "tp" if tp > 1 and heads % tp == 0 and kv_heads % tp == 0 else None
+    qkv = PartitionSpec(batch, head_axis, None, None)
+    return jax.shard_map(
+        kernel,
+        mesh=mesh,
+        in_specs=(qkv, qkv, qkv, PartitionSpec(batch, None)),
+        out_specs=qkv,
+        check_vma=False,
     )
 
 
@@ -132,8 +155,10 @@ def splash_attention(
 
     def rows(q, k, v, segment_ids):  # [N, H, T, D], [N, K, T, D], [N, K, T, D], [N, T]
         # The kernel (its mask tables are arrays) is made here, inside `traced_under`'s trace:
-        # a custom_vjp function must not close over arrays of the trace around it.
-        mask = splash_mask.MultiHeadMask([splash_mask.CausalMask((t_pad, t_pad))] * h)
+        # a custom_vjp function must not close over arrays of the trace around it. Under
+        # shard_map, q holds this device's heads.
+        heads = q.shape[1]
+        mask = splash_mask.MultiHeadMask([splash_mask.CausalMask((t_pad, t_pad))] * heads)
         kernel = splash.make_splash_mha(
             mask, block_sizes=sizes, head_shards=1, q_seq_shards=1, interpret=interpret
         )
@@ -145,7 +170,7 @@ def splash_attention(
 
     heads_major = lambda a: a.transpose(0, 2, 1, 3)  # noqa: E731  [N, T, *, D] -> [N, *, T, D]
     precision = "highest" if q.dtype == jnp.float32 else "default"
-    out = traced_under(precision, rows, ATTENTION_RESIDUALS)(
+    out = _per_shard(traced_under(precision, rows, ATTENTION_RESIDUALS), h, k.shape[2])(
         heads_major(q), heads_major(k), heads_major(v), segment_ids
     )
     out = heads_major(out)[:, :t]

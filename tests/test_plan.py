@@ -1,0 +1,151 @@
+"""`rewardax plan` compiles the real train step for TPU slices on this CPU machine (libtpu from
+`make test`, in .venv/libtpu beside the venv) and reports what one chip holds."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from rewardax.config import RewardConfig
+from rewardax.plan import GIB, alternatives
+
+ROOT = Path(__file__).resolve().parents[1]
+RX = Path(sys.executable).parent / "rewardax"
+LIBTPU = Path(os.environ.get("REWARDAX_LIBTPU_DIR", ROOT / ".venv" / "libtpu"))
+ARCH = {  # a small llama: 4 layers of 256, a 4096-token vocabulary
+    "model_type": "llama",
+    "hidden_size": 256,
+    "intermediate_size": 512,
+    "num_hidden_layers": 4,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "vocab_size": 4096,
+    "max_position_embeddings": 4096,
+    "tie_word_embeddings": False,
+}
+# Parameters: embedding + per layer (q, k, v, o, gate, up, down, 2 norms) + final norm + head.
+H, MLP, L, V, KV = 256, 512, 4, 4096, 2 * 64
+PARAMS = V * H + L * (H * H + 2 * H * KV + H * H + 3 * H * MLP + 2 * H) + H + H
+
+
+@pytest.fixture(scope="module")
+def shape_dir(tmp_path_factory):
+    d = tmp_path_factory.mktemp("shape")
+    (d / "config.json").write_text(json.dumps(ARCH))
+    return d
+
+
+def run_plan(*args: str, libtpu: bool = True) -> subprocess.CompletedProcess:
+    if libtpu and not (LIBTPU / "libtpu").is_dir():
+        pytest.fail(f"libtpu is not in {LIBTPU}: `make test` installs it (requirements-tpu.lock)")
+    env = {"JAX_PLATFORMS": "cpu", "PATH": str(RX.parent)}
+    if libtpu:
+        env["PYTHONPATH"] = str(LIBTPU)
+    return subprocess.run(
+        [str(RX), "plan", *args], capture_output=True, text=True, env=env, timeout=600
+    )
+
+
+def summary(proc: subprocess.CompletedProcess) -> dict:
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def test_state_is_split_over_the_chips_of_a_slice_by_fsdp(shape_dir):
+    common = [
+        "--topology=v5e:2x4",
+        f"--model.path={shape_dir}",
+        "--data.max_sequence_length=256",
+        "--train.per_device_train_batch_size=1",
+        "--data.layout=padded",
+    ]
+    replicated = summary(run_plan(*common, "--mesh.dp=-1", "--mesh.fsdp=1"))
+    split = summary(run_plan(*common, "--mesh.dp=1", "--mesh.fsdp=-1"))
+    assert replicated["devices"] == split["devices"] == 8
+    assert replicated["processes"] == 1  # a v5e host drives 2x4 chips
+    assert replicated["device_kind"] == "TPU v5 lite" and replicated["hbm_limit_gib"] == 15.75
+    assert replicated["mesh"] == {"dp": 8, "fsdp": 1, "tp": 1}
+    assert split["mesh"] == {"dp": 1, "fsdp": 8, "tp": 1}
+    assert replicated["parameters"] == split["parameters"] == PARAMS
+    assert replicated["pairs_per_step"] == 8 and replicated["tokens_per_step"] == 8 * 2 * 256
+    # Arguments per chip: float32 parameters and AdamW's two moments (3 x 4 bytes each), whole
+    # on every chip or an eighth of them, plus the same small batch shard (and scalars).
+    state = 3 * 4 * PARAMS
+    batch_and_scalars = replicated["hbm_bytes"]["arguments"] - state
+    assert 0 <= batch_and_scalars < 64 * 1024, batch_and_scalars
+    split_state = split["hbm_bytes"]["arguments"] - batch_and_scalars
+    # An eighth, and a little more: replicated norm scales, and shards whose small minor
+    # dimensions the TPU pads to its (8, 128) tiles (k/v's 2 heads of 64 per chip here).
+    assert state / 8 <= split_state < state / 6, (split_state, state / 8)
+    for s in (replicated, split):
+        assert s["fits"] is True and s["suggestions"] == []
+        h = s["hbm_bytes"]
+        total = h["arguments"] + h["outputs"] - h["aliased"] + h["temporaries"]
+        assert total == h["total"] and abs(total / GIB - s["hbm_per_chip_gib"]) < 0.001
+        assert h["aliased"] > 0  # the donated state is written in place
+
+
+def test_a_job_that_does_not_fit_says_so_and_which_settings_would(shape_dir):
+    proc = run_plan(
+        "--topology=v5e:1x1",
+        f"--model.path={shape_dir}",
+        "--data.layout=padded",
+        "--data.max_sequence_length=4096",
+        "--train.per_device_train_batch_size=128",
+        "--model.remat_policy=none",
+    )
+    s = summary(proc)
+    assert s["fits"] is False and s["hbm_per_chip_gib"] > s["hbm_limit_gib"]
+    assert "does NOT fit" in proc.stdout
+    tried = {tuple(x["settings"]): x for x in s["suggestions"]}
+    assert ("model.remat_policy=full",) in tried
+    halved = (
+        "train.per_device_train_batch_size=64",
+        "train.gradient_accumulation_steps=2",
+    )
+    assert halved in tried
+    for x in s["suggestions"]:  # each lowers the memory, and says whether it now fits
+        assert x["hbm_per_chip_gib"] < s["hbm_per_chip_gib"], x
+        assert x["fits"] == (x["hbm_per_chip_gib"] <= s["hbm_limit_gib"])
+    # remat keeps one layer's activations instead of four: far less than the job's.
+    assert tried[("model.remat_policy=full",)]["hbm_per_chip_gib"] < 0.6 * s["hbm_per_chip_gib"]
+
+
+def test_bad_topologies_and_a_missing_libtpu_are_clear_errors(shape_dir):
+    bad = run_plan("--topology=v9x:2x2", f"--model.path={shape_dir}")
+    assert bad.returncode == 2
+    assert (
+        bad.stderr.strip()
+        .splitlines()[-1]
+        .startswith("rewardax: error: topology 'v9x:2x2': use GENERATION:XxY")
+    )
+    odd = run_plan("--topology=v5e:3x3", f"--model.path={shape_dir}")
+    assert odd.returncode == 2
+    assert "is not a TPU slice libtpu can describe" in odd.stderr
+    missing = run_plan("--topology=v5e:1x1", f"--model.path={shape_dir}", libtpu=False)
+    assert missing.returncode == 2
+    assert "pip install 'rewardax[tpu]'" in missing.stderr
+    assert "Traceback" not in bad.stderr + odd.stderr + missing.stderr
+
+
+def test_alternatives_each_lower_one_thing():
+    config = RewardConfig.from_dict(
+        {"model": {"remat_policy": "none", "param_dtype": "float32"}, "train": {"seed": 0}}
+    )
+    config.train.per_device_train_batch_size = 6
+    config.train.gradient_accumulation_steps = 3
+    assert alternatives(config, 8) == [
+        ("model.remat_policy=full",),
+        ("mesh.dp=1", "mesh.fsdp=-1", "mesh.tp=1"),
+        ("model.param_dtype=bfloat16",),
+        ("train.per_device_train_batch_size=3", "train.gradient_accumulation_steps=6"),
+    ]
+    config.model.remat_policy = "full"
+    config.model.param_dtype = "bfloat16"
+    config.train.per_device_train_batch_size = 1
+    assert alternatives(config, 1) == []  # one chip: no data-parallel devices to turn into fsdp
