@@ -129,6 +129,7 @@ class Plan:
     hbm_limit_gib: float
     job: Compiled
     suggestions: tuple[Compiled, ...]
+    suggestions_tried: bool = False
 
     @property
     def fits(self) -> bool:
@@ -389,7 +390,8 @@ def plan(
     compiled = _compile(job, ())
     limit = TPU_HBM_GIB[kind]
     suggestions: list[Compiled] = []
-    if suggest and rebuild is not None and compiled.memory.hbm > limit * GIB:
+    tried_any = suggest and rebuild is not None and compiled.memory.hbm > limit * GIB
+    if tried_any:
         changes = alternatives(config, len(devices))
         tried = [*changes, tuple(s for change in changes for s in change)] if changes else []
         for change in dict.fromkeys(tried):
@@ -415,6 +417,7 @@ def plan(
         hbm_limit_gib=limit,
         job=compiled,
         suggestions=tuple(suggestions),
+        suggestions_tried=tried_any,
     )
 
 
@@ -442,6 +445,6 @@ def describe(result: Plan) -> str:
         gib = s.memory.hbm / GIB
         mark = "fits" if gib <= result.hbm_limit_gib else "does not fit"
         lines.append(f"  with --{' --'.join(s.settings)}: {gib:.2f} GiB per chip, {mark}")
-    if not result.fits and not result.suggestions:
+    if result.suggestions_tried and not result.suggestions:
         lines.append("  no single setting among remat, fsdp, bf16 state, smaller batches applies")
     return "\n".join(lines)
