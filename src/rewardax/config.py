@@ -213,6 +213,10 @@ class OptimSection:
       warmup_ratio: warmup as a fraction of all optimizer steps (rounded up); set this or
         warmup_steps, not both.
       final_learning_rate: learning rate at the end of a `linear` or `cosine` schedule.
+      offload_state: keep the optimizer state (Adam's moments: twice the float32 parameters) in
+        host memory (`pinned_host`) between steps; each step brings it to the device for the
+        update and writes it back. Frees that much accelerator memory for a transfer per step;
+        the same values as without (checkpoints and resume unchanged).
     """
 
     name: OptimizerName = "adamw"
@@ -227,6 +231,7 @@ class OptimSection:
     warmup_steps: int = 0
     warmup_ratio: float = 0.0
     final_learning_rate: float = 0.0
+    offload_state: bool = False
 
 
 @dataclass(slots=True)

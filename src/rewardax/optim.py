@@ -118,6 +118,24 @@ def _saturating_increment(count: jax.Array) -> jax.Array:
     return jnp.where(count < jnp.iinfo(count.dtype).max, count + 1, count)
 
 
+def _one_after_another(leaf, params, grads, mu, nu, decays):
+    """``jax.tree.map(leaf, ...)`` over host-resident moments, streamed: each parameter's moments
+    are copied to the device only once the previous parameter's new moments exist (an
+    optimization barrier orders them), updated there, and copied back to the host."""
+    flat_p, treedef = jax.tree.flatten(params)
+    flat_g, flat_m, flat_v, flat_d = (treedef.flatten_up_to(t) for t in (grads, mu, nu, decays))
+    out, previous = [], None
+    for p, g, m, v, decay in zip(flat_p, flat_g, flat_m, flat_v, flat_d, strict=True):
+        if previous is not None:
+            m, v, _ = jax.lax.optimization_barrier((m, v, previous))
+        m, v = jax.device_put((m, v), jax.memory.Space.Device)
+        new_p, new_m, new_v = leaf(p, g, m, v, decay)
+        new_m, new_v = jax.device_put((new_m, new_v), jax.memory.Space.Host)
+        previous = (new_m, new_v)
+        out.append((new_p, new_m, new_v))
+    return jax.tree.unflatten(treedef, out)
+
+
 def fused_adamw(
     schedule: optax.Schedule,
     *,
@@ -134,10 +152,20 @@ def fused_adamw(
     if max_grad_norm is not None:
         reference = optax.chain(optax.clip_by_global_norm(max_grad_norm), reference)
 
-    def apply(grads, state, params, accept, grad_norm=None):
-        """One update: (new_params, new_state); both unchanged where ``accept`` is False."""
+    def apply(grads, state, params, accept, grad_norm=None, offload=False):
+        """One update: (new_params, new_state); both unchanged where ``accept`` is False.
+
+        ``offload``: the moments arrive in host memory and go back there. Each parameter's pair
+        is copied to the device, updated and copied back one parameter after the other (each
+        copy waits for the previous parameter's results), so the device holds one parameter's
+        moments at a time rather than all of them.
+        """
         keep = lambda new, old: jnp.where(accept, new, old)  # noqa: E731
         adam_state, decay_state, schedule_state = state[1] if max_grad_norm is not None else state
+        if offload:  # the step counts come to the device (the moments, one by one, below)
+            to_device = lambda x: jax.device_put(x, jax.memory.Space.Device)  # noqa: E731
+            adam_state = adam_state._replace(count=to_device(adam_state.count))
+            schedule_state = schedule_state._replace(count=to_device(schedule_state.count))
         count = _saturating_increment(adam_state.count)
         correction1 = 1 - jnp.asarray(b1, jnp.float32) ** count
         correction2 = 1 - jnp.asarray(b2, jnp.float32) ** count
@@ -171,7 +199,10 @@ def fused_adamw(
                 u = u + (step_size * weight_decay).astype(p.dtype) * p
             return keep((p + u).astype(p.dtype), p), m_new, v_new
 
-        out = jax.tree.map(leaf, params, grads, adam_state.mu, adam_state.nu, decays)
+        if offload:
+            out = _one_after_another(leaf, params, grads, adam_state.mu, adam_state.nu, decays)
+        else:
+            out = jax.tree.map(leaf, params, grads, adam_state.mu, adam_state.nu, decays)
         is_triple = lambda x: isinstance(x, tuple) and len(x) == 3  # noqa: E731
         pick = lambda i: jax.tree.map(lambda t: t[i], out, is_leaf=is_triple)  # noqa: E731
         new_adam = adam_state._replace(count=keep(count, adam_state.count), mu=pick(1), nu=pick(2))

@@ -222,7 +222,9 @@ def _abstract_state(config: RewardConfig, arch: ModelConfig, mesh: Any, optimize
     shardings = {
         "params": state_shardings(params, mesh),
         "rest": jax.tree.map(lambda _: replicated(mesh), rest),
-        "opt_state": optimizer_state_shardings(optimizer, params, mesh),
+        "opt_state": optimizer_state_shardings(
+            optimizer, params, mesh, offload=config.optim.offload_state
+        ),
         "step": replicated(mesh),
         "rng": replicated(mesh),
     }
@@ -281,6 +283,7 @@ def _lay_out(config: RewardConfig, arch: ModelConfig, devices: list[Any]) -> _Jo
         accumulation_steps=train.gradient_accumulation_steps,
         center_coefficient=train.center_rewards_coefficient,
         dropout=config.model.dropout_rate > 0,
+        offload_state=config.optim.offload_state,
     )
     batch = _batch(pairs, config.data.max_sequence_length, batch_sharding(mesh))
     jitted = jit_train_step(step, shardings, mesh)
@@ -335,14 +338,16 @@ def _compile(job: _Job, settings: tuple[str, ...]) -> Compiled:
 def alternatives(config: RewardConfig, devices: int) -> list[tuple[str, ...]]:
     """Settings that lower a job's memory per chip, one change each, the cheapest in speed first:
     remat of every block, the data-parallel devices turned into fsdp (parameters and optimizer
-    state split across them), bfloat16 parameters and moments, half the pairs per device with
-    twice the accumulation (the same pairs per update)."""
+    state split across them), the optimizer state in host memory, bfloat16 parameters and
+    moments, half the pairs per device with twice the accumulation (the same pairs per update)."""
     out: list[tuple[str, ...]] = []
     if config.model.remat_policy != "full":
         out.append(("model.remat_policy=full",))
     dp, _, tp = config.mesh.resolve(devices)
     if dp > 1:
         out.append(("mesh.dp=1", "mesh.fsdp=-1", f"mesh.tp={tp}"))
+    if not config.optim.offload_state:
+        out.append(("optim.offload_state=true",))
     if jnp.dtype(config.model.param_dtype) != jnp.bfloat16:
         out.append(("model.param_dtype=bfloat16",))
     per_device = config.train.per_device_train_batch_size
@@ -446,5 +451,5 @@ def describe(result: Plan) -> str:
         mark = "fits" if gib <= result.hbm_limit_gib else "does not fit"
         lines.append(f"  with --{' --'.join(s.settings)}: {gib:.2f} GiB per chip, {mark}")
     if result.suggestions_tried and not result.suggestions:
-        lines.append("  no single setting among remat, fsdp, bf16 state, smaller batches applies")
+        lines.append("  no setting among remat, fsdp, offload, bf16 state, smaller batches applies")
     return "\n".join(lines)

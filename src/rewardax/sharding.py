@@ -94,14 +94,24 @@ def state_shardings(state: Any, mesh: Mesh) -> Any:
     return jax.tree.map(one, state, is_leaf=lambda x: isinstance(x, nnx.Variable))
 
 
-def optimizer_state_shardings(optimizer: Any, params: Any, mesh: Mesh) -> Any:
+def optimizer_state_shardings(
+    optimizer: Any, params: Any, mesh: Mesh, *, offload: bool = False
+) -> Any:
     """NamedShardings for `optimizer.init(params)`: moments follow their parameter's logical axes.
 
     Optax builds Adam's `mu`/`nu` by mapping over the parameter `nnx.State`, so they keep each
     parameter's `out_sharding` metadata; scalars (step counts) are replicated. Left to `jax.jit`
-    alone, `optimizer.init`'s zeros are not tied to the parameters and land unsharded.
+    alone, `optimizer.init`'s zeros are not tied to the parameters and land unsharded. With
+    ``offload`` they live in host memory (``pinned_host``), split the same way.
     """
-    return state_shardings(jax.eval_shape(optimizer.init, params), mesh)
+    shardings = state_shardings(jax.eval_shape(optimizer.init, params), mesh)
+    if offload:
+        shardings = jax.tree.map(lambda s: s.with_memory_kind(HOST_MEMORY), shardings)
+    return shardings
+
+
+# Where offloaded arrays live between steps: host memory the accelerator can copy from directly.
+HOST_MEMORY = "pinned_host"
 
 
 def batch_sharding(mesh: Mesh) -> NamedSharding:

@@ -81,6 +81,7 @@ def make_train_step(
     accumulation_steps: int = 1,
     center_coefficient: float | None = None,
     dropout: bool = False,
+    offload_state: bool = False,
 ) -> Callable[[Arrays, Batch], tuple[Arrays, dict[str, jax.Array]]]:
     """Builds `train_step(arrays, batch) -> (new_arrays, metrics)` (not yet jitted).
 
@@ -89,6 +90,9 @@ def make_train_step(
     so the update equals one large batch's. If the loss or the gradient norm is not finite the
     update is not applied (parameters and optimizer state are returned unchanged) and
     `metrics["nonfinite"]` is 1; the caller decides whether that is an error or a skipped step.
+    With `offload_state` the optimizer state arrives in host memory
+    (`sharding.optimizer_state_shardings(..., offload=True)`): it is copied to the device for the
+    update and the new state back to the host.
     """
 
     def micro_loss(params, rest, micro: Batch, total_pairs, rng):
@@ -147,18 +151,27 @@ def make_train_step(
         metrics = losses.metrics_from_sums(sums)
         finite = jnp.isfinite(metrics["loss"]) & jnp.isfinite(grad_norm)
 
+        opt_state = arrays["opt_state"]
         # Poisoned values must never reach the state (nor, later, a checkpoint): where the step
         # is not finite, parameters and optimizer state stay as they were.
         if hasattr(optimizer, "apply"):  # rewardax.optim.FusedAdamW: one pass per parameter
+            # Offloaded moments are streamed through the device parameter by parameter.
             new_params, new_opt_state = optimizer.apply(
-                grads, arrays["opt_state"], params, finite, grad_norm
+                grads, opt_state, params, finite, grad_norm, offload=offload_state
             )
+            if offload_state:  # the scalars (step counts) too
+                new_opt_state = jax.device_put(new_opt_state, jax.memory.Space.Host)
         else:
-            updates, new_opt_state = optimizer.update(grads, arrays["opt_state"], params)
+            # Other optimizers take their whole state to the device for the update.
+            if offload_state:
+                opt_state = jax.device_put(opt_state, jax.memory.Space.Device)
+            updates, new_opt_state = optimizer.update(grads, opt_state, params)
             new_params = optax.apply_updates(params, updates)
             keep = lambda new, old: jax.tree.map(lambda n, o: jnp.where(finite, n, o), new, old)  # noqa: E731
             new_params = keep(new_params, params)
-            new_opt_state = keep(new_opt_state, arrays["opt_state"])
+            new_opt_state = keep(new_opt_state, opt_state)
+            if offload_state:
+                new_opt_state = jax.device_put(new_opt_state, jax.memory.Space.Host)
         new_arrays = {
             "params": new_params,
             "rest": rest,

@@ -272,7 +272,9 @@ class RewardTrainer:
         param_shardings = state_shardings(state.params, self.mesh)
         params = jax.device_put(state.params, param_shardings)
         rest = jax.device_put(state.rest, replicated(self.mesh))
-        opt_shardings = optimizer_state_shardings(self.optimizer, state.params, self.mesh)
+        opt_shardings = optimizer_state_shardings(
+            self.optimizer, state.params, self.mesh, offload=self.config.optim.offload_state
+        )
         if _is_fresh(state):
             opt_state = jax.jit(self.optimizer.init, out_shardings=opt_shardings)(params)
         else:
@@ -306,6 +308,7 @@ class RewardTrainer:
             accumulation_steps=self.accumulation_steps,
             center_coefficient=cfg.train.center_rewards_coefficient,
             dropout=self._dropout_rate() > 0,
+            offload_state=cfg.optim.offload_state,
         )
         shardings = jax.tree.map(lambda x: x.sharding, self.state.arrays())
         data = batch_sharding(self.mesh)
