@@ -260,6 +260,16 @@ def test_batch_size_helpers():
         ({"final_learning_rate": 1e-3, "learning_rate": 1e-4}, 1, "above optim.learning_rate"),
         ({"schedule": "constant", "final_learning_rate": 1e-6}, 1, "no effect with the constant"),
         ({"momentum": 0.9}, 1, "only used by sgd; set optim.name=sgd"),
+        (
+            {"offload_params": True, "dtype": "bfloat16"},
+            1,
+            "offload_params=true needs optim.offload_state=true and optim.name=adamw",
+        ),
+        (
+            {"offload_params": True, "offload_state": True},
+            1,
+            "got model.dtype=float32, model.param_dtype=float32: set model.dtype=bfloat16",
+        ),
         ({"per_device_train_batch_size": 0}, 1, "per_device_train_batch_size=0 must be at least 1"),
         ({"gradient_accumulation_steps": -1}, 1, "gradient_accumulation_steps=-1"),
         ({"learning_rate": 0.0}, 1, "learning_rate=0.0 must be a positive number"),

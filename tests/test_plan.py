@@ -151,3 +151,28 @@ def test_alternatives_each_lower_one_thing():
     config.optim.offload_state = True
     config.train.per_device_train_batch_size = 1
     assert alternatives(config, 1) == []  # one chip: no data-parallel devices to turn into fsdp
+
+
+def test_offloaded_state_and_parameters_leave_the_chip_for_host_memory(shape_dir):
+    common = [
+        "--topology=v5e:1x1",
+        f"--model.path={shape_dir}",
+        "--data.layout=padded",
+        "--data.max_sequence_length=256",
+        "--train.per_device_train_batch_size=1",
+        "--model.dtype=bfloat16",
+        "--model.param_dtype=float32",
+    ]
+    on_chip = summary(run_plan(*common))["hbm_bytes"]
+    state = summary(run_plan(*common, "--optim.offload_state=true"))["hbm_bytes"]
+    both = summary(run_plan(*common, "--optim.offload_state=true", "--optim.offload_params=true"))[
+        "hbm_bytes"
+    ]
+    moments, params = 2 * 4 * PARAMS, 4 * PARAMS
+    assert on_chip["host"] == 0
+    # The moments move to the host (written in place there: counted once) ...
+    assert abs(state["host"] - moments) < 0.02 * moments
+    assert abs((on_chip["arguments"] - state["arguments"]) - moments) < 0.02 * moments
+    # ... and with offload_params the parameters too: no argument stays on the chip.
+    assert abs(both["host"] - (moments + params)) < 0.02 * (moments + params)
+    assert both["arguments"] < 64 * 1024

@@ -11,6 +11,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
+from flax import nnx
 
 import rewardax as rx
 from data_fixtures import smollm2_tokenizer, tiny_llama
@@ -403,9 +404,7 @@ def test_offloaded_optimizer_state_trains_and_resumes_to_the_same_weights(tokeni
     for a, b in zip(params_of(on_device), params_of(offloaded), strict=True):
         np.testing.assert_array_equal(a, b)
     on_device_moments = [np.asarray(x) for x in jax.tree.leaves(on_device.state.opt_state)]
-    for a, b in zip(
-        on_device_moments, jax.tree.leaves(offloaded.state.opt_state), strict=True
-    ):
+    for a, b in zip(on_device_moments, jax.tree.leaves(offloaded.state.opt_state), strict=True):
         np.testing.assert_array_equal(a, np.asarray(b))
 
     checkpoint = tmp_path / "host" / "checkpoints" / "3"
@@ -413,3 +412,37 @@ def test_offloaded_optimizer_state_trains_and_resumes_to_the_same_weights(tokeni
     assert int(resumed.state.step) == 6
     for a, b in zip(params_of(on_device), params_of(resumed), strict=True):
         np.testing.assert_array_equal(a, b)
+
+
+def test_offloaded_parameters_train_like_bf16_compute_on_the_device(tokenizer, tmp_path):
+    """optim.offload_params keeps the float32 parameters in host memory and runs the forward and
+    backward pass on a bfloat16 copy made on the device each step: the same arithmetic as
+    bf16 compute from float32 parameters on the device, which casts them inside the model."""
+    data = rows(TRAIN, 32)
+
+    def bf16_llama():
+        config = tiny_llama(tokenizer).config
+        return rx.RewardModel(config, dtype="bfloat16", param_dtype="float32", rngs=nnx.Rngs(0))
+
+    def run(name, **settings):
+        trainer = rx.RewardTrainer(
+            make_config(
+                tmp_path, run_name=name, max_training_steps=4, dtype="bfloat16", **settings
+            ),
+            tokenizer,
+            model=bf16_llama(),
+            train_dataset=data,
+        )
+        trainer.train()
+        return trainer
+
+    on_device = run("device")
+    offloaded = run("host", offload_state=True, offload_params=True)
+    leaves = jax.tree.leaves(offloaded.state.params)
+    assert {x.sharding.memory_kind for x in leaves} == {"pinned_host"}
+    assert {x.dtype for x in leaves} == {np.dtype("float32")}
+    start = [np.asarray(x) for x in jax.tree.leaves(nnx.state(bf16_llama(), nnx.Param))]
+    for a, b, s in zip(params_of(on_device), params_of(offloaded), start, strict=True):
+        moved = float(np.max(np.abs(a - s)))
+        assert moved > 0
+        np.testing.assert_allclose(b, a, rtol=0, atol=1e-3 * max(moved, 1e-6))

@@ -217,6 +217,12 @@ class OptimSection:
         host memory (`pinned_host`) between steps; each step brings it to the device for the
         update and writes it back. Frees that much accelerator memory for a transfer per step;
         the same values as without (checkpoints and resume unchanged).
+      offload_params: also keep the parameters (model.param_dtype: the float32 master weights)
+        in host memory. Each step copies them to the device in model.dtype for the forward and
+        backward pass (matrices of 65,536 elements or more; norm scales, biases and the score
+        head stay float32), so gradients come in that dtype, and the update streams each
+        parameter through the device with its moments. Needs offload_state=true, optim.name=adamw
+        and model.dtype=bfloat16 with param_dtype=float32.
     """
 
     name: OptimizerName = "adamw"
@@ -232,6 +238,7 @@ class OptimSection:
     warmup_ratio: float = 0.0
     final_learning_rate: float = 0.0
     offload_state: bool = False
+    offload_params: bool = False
 
 
 @dataclass(slots=True)
@@ -775,6 +782,17 @@ def _problems(config: RewardConfig, num_devices: int, num_processes: int) -> lis
     need(o.beta2 is None or 0.0 <= o.beta2 < 1.0, f"optim.beta2={o.beta2} must be in [0, 1)")
     need(o.eps > 0, f"optim.eps={o.eps} must be positive")
     need(0.0 <= o.momentum < 1.0, f"optim.momentum={o.momentum} must be in [0, 1)")
+    need(
+        not o.offload_params or (o.offload_state and o.name == "adamw"),
+        "optim.offload_params=true needs optim.offload_state=true and optim.name=adamw (its "
+        "update streams each parameter through the device with its moments)",
+    )
+    need(
+        not o.offload_params or (m.dtype == "bfloat16" and m.param_dtype == "float32"),
+        "optim.offload_params=true keeps float32 parameters on the host and a bfloat16 copy on "
+        f"the device; got model.dtype={m.dtype}, model.param_dtype={m.param_dtype}: set "
+        "model.dtype=bfloat16 and model.param_dtype=float32",
+    )
     need(
         o.momentum == 0.0 or o.name == "sgd",
         f"optim.momentum={o.momentum} is only used by sgd; set optim.name=sgd or remove it",

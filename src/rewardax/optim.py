@@ -118,20 +118,25 @@ def _saturating_increment(count: jax.Array) -> jax.Array:
     return jnp.where(count < jnp.iinfo(count.dtype).max, count + 1, count)
 
 
-def _one_after_another(leaf, params, grads, mu, nu, decays):
-    """``jax.tree.map(leaf, ...)`` over host-resident moments, streamed: each parameter's moments
-    are copied to the device only once the previous parameter's new moments exist (an
-    optimization barrier orders them), updated there, and copied back to the host."""
+def _one_after_another(leaf, params, grads, mu, nu, decays, params_on_host=False):
+    """``jax.tree.map(leaf, ...)`` over host-resident moments (and parameters, with
+    ``params_on_host``), streamed: each parameter's are copied to the device only once the
+    previous parameter's results exist (an optimization barrier orders them), updated there, and
+    copied back to the host."""
     flat_p, treedef = jax.tree.flatten(params)
     flat_g, flat_m, flat_v, flat_d = (treedef.flatten_up_to(t) for t in (grads, mu, nu, decays))
     out, previous = [], None
     for p, g, m, v, decay in zip(flat_p, flat_g, flat_m, flat_v, flat_d, strict=True):
         if previous is not None:
-            m, v, _ = jax.lax.optimization_barrier((m, v, previous))
+            p, m, v, _ = jax.lax.optimization_barrier((p, m, v, previous))
+        if params_on_host:
+            p = jax.device_put(p, jax.memory.Space.Device)
         m, v = jax.device_put((m, v), jax.memory.Space.Device)
-        new_p, new_m, new_v = leaf(p, g, m, v, decay)
+        new_p, new_m, new_v = leaf(p, g.astype(p.dtype), m, v, decay)
         new_m, new_v = jax.device_put((new_m, new_v), jax.memory.Space.Host)
-        previous = (new_m, new_v)
+        if params_on_host:
+            new_p = jax.device_put(new_p, jax.memory.Space.Host)
+        previous = (new_p, new_m, new_v)
         out.append((new_p, new_m, new_v))
     return jax.tree.unflatten(treedef, out)
 
@@ -152,13 +157,14 @@ def fused_adamw(
     if max_grad_norm is not None:
         reference = optax.chain(optax.clip_by_global_norm(max_grad_norm), reference)
 
-    def apply(grads, state, params, accept, grad_norm=None, offload=False):
+    def apply(grads, state, params, accept, grad_norm=None, offload=False, params_on_host=False):
         """One update: (new_params, new_state); both unchanged where ``accept`` is False.
 
         ``offload``: the moments arrive in host memory and go back there. Each parameter's pair
         is copied to the device, updated and copied back one parameter after the other (each
         copy waits for the previous parameter's results), so the device holds one parameter's
-        moments at a time rather than all of them.
+        moments at a time rather than all of them. ``params_on_host``: the parameters too (and
+        the gradients may come in a lower dtype: each is cast to its parameter's dtype there).
         """
         keep = lambda new, old: jnp.where(accept, new, old)  # noqa: E731
         adam_state, decay_state, schedule_state = state[1] if max_grad_norm is not None else state
@@ -200,7 +206,9 @@ def fused_adamw(
             return keep((p + u).astype(p.dtype), p), m_new, v_new
 
         if offload:
-            out = _one_after_another(leaf, params, grads, adam_state.mu, adam_state.nu, decays)
+            out = _one_after_another(
+                leaf, params, grads, adam_state.mu, adam_state.nu, decays, params_on_host
+            )
         else:
             out = jax.tree.map(leaf, params, grads, adam_state.mu, adam_state.nu, decays)
         is_triple = lambda x: isinstance(x, tuple) and len(x) == 3  # noqa: E731

@@ -21,7 +21,13 @@ from rewardax import data as rdata
 from rewardax import distributed
 from rewardax.data.config import DataConfig
 from rewardax.evaluation import preference_metrics
-from rewardax.sharding import batch_sharding, global_batch, replicated, state_shardings
+from rewardax.sharding import (
+    batch_sharding,
+    global_batch,
+    replicated,
+    state_shardings,
+    traced_in_mesh,
+)
 from rewardax.steps import make_eval_step
 
 # Per-pair arrays gathered from the eval batches (besides the rewards).
@@ -97,7 +103,9 @@ class PairScorer:
         self.tokenizer = tokenizer
         self.data_config = data_config
         self.batch_size = batch_size
-        self._step = jax.jit(make_eval_step(graphdef), out_shardings=replicated(mesh))
+        self._step = jax.jit(
+            traced_in_mesh(make_eval_step(graphdef), mesh), out_shardings=replicated(mesh)
+        )
 
     @classmethod
     def for_model(

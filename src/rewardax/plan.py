@@ -42,6 +42,7 @@ from rewardax.optim import build_optimizer, build_schedule
 from rewardax.sharding import (
     batch_sharding,
     make_mesh,
+    on_host,
     optimizer_state_shardings,
     replicated,
     state_shardings,
@@ -219,8 +220,11 @@ def _abstract_state(config: RewardConfig, arch: ModelConfig, mesh: Any, optimize
     options = options.replace(kernels=select_kernels(config.model.kernels, "tpu"))
     model = nnx.eval_shape(lambda: options.build(arch))
     graphdef, params, rest = nnx.split(model, nnx.Param, ...)
+    param_shardings = state_shardings(params, mesh)
+    if config.optim.offload_params:
+        param_shardings = on_host(param_shardings)
     shardings = {
-        "params": state_shardings(params, mesh),
+        "params": param_shardings,
         "rest": jax.tree.map(lambda _: replicated(mesh), rest),
         "opt_state": optimizer_state_shardings(
             optimizer, params, mesh, offload=config.optim.offload_state
@@ -284,6 +288,8 @@ def _lay_out(config: RewardConfig, arch: ModelConfig, devices: list[Any]) -> _Jo
         center_coefficient=train.center_rewards_coefficient,
         dropout=config.model.dropout_rate > 0,
         offload_state=config.optim.offload_state,
+        compute_dtype=config.model.dtype,
+        offload_params=config.optim.offload_params,
     )
     batch = _batch(pairs, config.data.max_sequence_length, batch_sharding(mesh))
     jitted = jit_train_step(step, shardings, mesh)
@@ -329,6 +335,7 @@ def _compile(job: _Job, settings: tuple[str, ...]) -> Compiled:
         temporaries=m.temp_size_in_bytes,
         host=m.host_argument_size_in_bytes
         + m.host_output_size_in_bytes
+        - m.host_alias_size_in_bytes
         + m.host_temp_size_in_bytes,
     )
     # Not XLA's cost_analysis() FLOPs: it counts the body of the layers' loop once.
@@ -338,8 +345,9 @@ def _compile(job: _Job, settings: tuple[str, ...]) -> Compiled:
 def alternatives(config: RewardConfig, devices: int) -> list[tuple[str, ...]]:
     """Settings that lower a job's memory per chip, one change each, the cheapest in speed first:
     remat of every block, the data-parallel devices turned into fsdp (parameters and optimizer
-    state split across them), the optimizer state in host memory, bfloat16 parameters and
-    moments, half the pairs per device with twice the accumulation (the same pairs per update)."""
+    state split across them), the optimizer state in host memory, the float32 parameters there
+    too (a bfloat16 copy on the chip), bfloat16 parameters and moments, half the pairs per device
+    with twice the accumulation (the same pairs per update)."""
     out: list[tuple[str, ...]] = []
     if config.model.remat_policy != "full":
         out.append(("model.remat_policy=full",))
@@ -348,6 +356,9 @@ def alternatives(config: RewardConfig, devices: int) -> list[tuple[str, ...]]:
         out.append(("mesh.dp=1", "mesh.fsdp=-1", f"mesh.tp={tp}"))
     if not config.optim.offload_state:
         out.append(("optim.offload_state=true",))
+    mixed = config.model.dtype == "bfloat16" and config.model.param_dtype == "float32"
+    if mixed and config.optim.name == "adamw" and not config.optim.offload_params:
+        out.append(("optim.offload_state=true", "optim.offload_params=true"))
     if jnp.dtype(config.model.param_dtype) != jnp.bfloat16:
         out.append(("model.param_dtype=bfloat16",))
     per_device = config.train.per_device_train_batch_size

@@ -105,9 +105,12 @@ def optimizer_state_shardings(
     ``offload`` they live in host memory (``pinned_host``), split the same way.
     """
     shardings = state_shardings(jax.eval_shape(optimizer.init, params), mesh)
-    if offload:
-        shardings = jax.tree.map(lambda s: s.with_memory_kind(HOST_MEMORY), shardings)
-    return shardings
+    return on_host(shardings) if offload else shardings
+
+
+def on_host(shardings: Any) -> Any:
+    """The same splits, in host memory (`HOST_MEMORY`)."""
+    return jax.tree.map(lambda s: s.with_memory_kind(HOST_MEMORY), shardings)
 
 
 # Where offloaded arrays live between steps: host memory the accelerator can copy from directly.

@@ -82,6 +82,8 @@ def make_train_step(
     center_coefficient: float | None = None,
     dropout: bool = False,
     offload_state: bool = False,
+    offload_params: bool = False,
+    compute_dtype: Any = jnp.bfloat16,
 ) -> Callable[[Arrays, Batch], tuple[Arrays, dict[str, jax.Array]]]:
     """Builds `train_step(arrays, batch) -> (new_arrays, metrics)` (not yet jitted).
 
@@ -92,7 +94,9 @@ def make_train_step(
     `metrics["nonfinite"]` is 1; the caller decides whether that is an error or a skipped step.
     With `offload_state` the optimizer state arrives in host memory
     (`sharding.optimizer_state_shardings(..., offload=True)`): it is copied to the device for the
-    update and the new state back to the host.
+    update and the new state back to the host. With `offload_params` the parameters (float32
+    master weights) arrive there too: the forward and backward pass run on a `compute_dtype`
+    copy made on the device (`device_copy`), and the fused AdamW update streams each parameter.
     """
 
     def micro_loss(params, rest, micro: Batch, total_pairs, rng):
@@ -114,7 +118,8 @@ def make_train_step(
                 "shared_prompt batches cannot be split into microbatches (raise "
                 "per_device_train_batch_size instead)"
             )
-        params, rest, step = arrays["params"], arrays["rest"], arrays["step"]
+        master, rest, step = arrays["params"], arrays["rest"], arrays["step"]
+        params = device_copy(master, compute_dtype) if offload_params else master
         total_pairs = jnp.maximum(jnp.sum(batch["pair_mask"].astype(jnp.float32)), 1.0)
         step_key = jax.random.fold_in(jax.random.wrap_key_data(arrays["rng"]), step)
 
@@ -146,8 +151,13 @@ def make_train_step(
             (grads, sums), _ = jax.lax.scan(
                 body, (zero_grads, zero_sums), (jnp.arange(accumulation_steps), micro)
             )
-        grads = jax.tree.map(lambda g, p: g.astype(p.dtype), grads, params)
-        grad_norm = optax.tree.norm(grads)
+        if offload_params:  # a float32 copy of every gradient would undo the offload
+            grad_norm = jnp.sqrt(
+                sum(jnp.sum(jnp.square(g.astype(jnp.float32))) for g in jax.tree.leaves(grads))
+            )
+        else:
+            grads = jax.tree.map(lambda g, p: g.astype(p.dtype), grads, params)
+            grad_norm = optax.tree.norm(grads)
         metrics = losses.metrics_from_sums(sums)
         finite = jnp.isfinite(metrics["loss"]) & jnp.isfinite(grad_norm)
 
@@ -157,7 +167,13 @@ def make_train_step(
         if hasattr(optimizer, "apply"):  # rewardax.optim.FusedAdamW: one pass per parameter
             # Offloaded moments are streamed through the device parameter by parameter.
             new_params, new_opt_state = optimizer.apply(
-                grads, opt_state, params, finite, grad_norm, offload=offload_state
+                grads,
+                opt_state,
+                master,
+                finite,
+                grad_norm,
+                offload=offload_state,
+                params_on_host=offload_params,
             )
             if offload_state:  # the scalars (step counts) too
                 new_opt_state = jax.device_put(new_opt_state, jax.memory.Space.Host)
@@ -189,6 +205,29 @@ def make_train_step(
     return train_step
 
 
+# Parameters smaller than this stay float32 in the device copy of offloaded parameters: norm
+# scales, biases, the score head (their precision matters more than their bytes).
+COPY_IN_COMPUTE_DTYPE_FROM = 65_536
+
+
+def device_copy(params: Any, dtype: Any) -> Any:
+    """Host-resident parameters as device arrays for the forward and backward pass: the large
+    matrices in ``dtype``, the rest as they are. Each parameter is brought over once the previous
+    one's copy exists (an optimization barrier orders them), so the device never holds more than
+    one float32 parameter beside the copies."""
+    leaves, treedef = jax.tree.flatten(params)
+    out, previous = [], None
+    for p in leaves:
+        if previous is not None:
+            p, _ = jax.lax.optimization_barrier((p, previous))
+        copy = jax.device_put(p, jax.memory.Space.Device)
+        if p.ndim >= 2 and p.size >= COPY_IN_COMPUTE_DTYPE_FROM:
+            copy = copy.astype(dtype)
+        out.append(copy)
+        previous = copy
+    return jax.tree.unflatten(treedef, out)
+
+
 def jit_train_step(
     train_step: Callable[[Arrays, Batch], tuple[Arrays, dict[str, jax.Array]]],
     state_shardings: Any,
@@ -214,7 +253,9 @@ def make_eval_step(graphdef) -> Callable[[Arrays, Batch], dict[str, jax.Array]]:
     """
 
     def eval_step(arrays: Arrays, batch: Batch):
-        model = nnx.merge(graphdef, arrays["params"], arrays["rest"])
+        # Offloaded parameters (optim.offload_params) come to the device; a no-op otherwise.
+        params = jax.device_put(arrays["params"], jax.memory.Space.Device)
+        model = nnx.merge(graphdef, params, arrays["rest"])
         chosen, rejected = pair_rewards(model, batch)
         return {"chosen": chosen, "rejected": rejected}
 

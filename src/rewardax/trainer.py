@@ -41,9 +41,11 @@ from rewardax.sharding import (
     batch_sharding,
     global_batch,
     make_mesh,
+    on_host,
     optimizer_state_shardings,
     replicated,
     state_shardings,
+    traced_in_mesh,
 )
 from rewardax.state import RewardState
 from rewardax.steps import jit_train_step, make_eval_step, make_train_step
@@ -270,6 +272,8 @@ class RewardTrainer:
     def _shard_state(self, state: RewardState) -> RewardState:
         """Places parameters by the sharding table; the optimizer state follows the parameters."""
         param_shardings = state_shardings(state.params, self.mesh)
+        if self.config.optim.offload_params:
+            param_shardings = on_host(param_shardings)
         params = jax.device_put(state.params, param_shardings)
         rest = jax.device_put(state.rest, replicated(self.mesh))
         opt_shardings = optimizer_state_shardings(
@@ -309,12 +313,14 @@ class RewardTrainer:
             center_coefficient=cfg.train.center_rewards_coefficient,
             dropout=self._dropout_rate() > 0,
             offload_state=cfg.optim.offload_state,
+            compute_dtype=cfg.model.dtype,
+            offload_params=cfg.optim.offload_params,
         )
         shardings = jax.tree.map(lambda x: x.sharding, self.state.arrays())
         data = batch_sharding(self.mesh)
         jitted_train = jit_train_step(train_step, shardings, self.mesh)
         jitted_eval = jax.jit(
-            make_eval_step(self.state.graphdef),
+            traced_in_mesh(make_eval_step(self.state.graphdef), self.mesh),
             in_shardings=(shardings, data),
             out_shardings=replicated(self.mesh),
         )
