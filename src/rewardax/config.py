@@ -41,6 +41,7 @@ OptimizerName = Literal["adamw", "adafactor", "lion", "sgd"]
 ScheduleName = Literal["constant", "linear", "cosine"]
 NanPolicy = Literal["error", "skip_step"]
 ReportTarget = Literal["tensorboard", "wandb"]
+LoraTarget = Literal["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 
 # ---- field values: parsing by type (YAML and command-line strings), naming types, plain output ----
 
@@ -179,6 +180,12 @@ class ModelSection:
         picks by backend (`cpu` on a CPU, `pallas` on a TPU, `xla` elsewhere); `cpu` is the
         XLA:CPU-tuned formulation, `xla` plain autodiff matmuls and one-einsum attention, `pallas`
         autodiff matmuls and Pallas splash attention (interpret mode, for tests, off a TPU).
+      lora_rank: LoRA adapters of this rank on `lora_targets` (`rewardax.models.lora`): only they
+        and the score head are trained, in float32; the rest of the model is frozen in
+        `param_dtype` (bfloat16 halves its memory) and has no gradients nor optimizer state.
+        0 = full fine-tuning. Exports merge the adapters into a plain model.
+      lora_alpha: the adapters' output is scaled by lora_alpha / lora_rank.
+      lora_targets: the projections that get adapters.
     """
 
     path: str | None = None
@@ -189,6 +196,19 @@ class ModelSection:
     dropout_rate: float = 0.0
     num_labels: int = 1
     kernels: KernelSetting = "auto"
+    lora_rank: int = 0
+    lora_alpha: float = 16.0
+    lora_targets: list[LoraTarget] = field(
+        default_factory=lambda: [
+            "q_proj",
+            "k_proj",
+            "v_proj",
+            "o_proj",
+            "gate_proj",
+            "up_proj",
+            "down_proj",
+        ]
+    )
 
 
 @dataclass(slots=True)
@@ -746,6 +766,18 @@ def _problems(config: RewardConfig, num_devices: int, num_processes: int) -> lis
                 need(value >= 1, f"{section}.{name}={value} must be at least 1")
 
     need(0.0 <= m.dropout_rate < 1.0, f"model.dropout_rate={m.dropout_rate} must be in [0, 1)")
+    need(m.lora_rank >= 0, f"model.lora_rank={m.lora_rank} must be 0 (no LoRA) or more")
+    need(m.lora_alpha > 0, f"model.lora_alpha={m.lora_alpha} must be positive")
+    need(
+        m.lora_rank == 0 or len(m.lora_targets) > 0,
+        "model.lora_targets is empty: name the projections that get adapters, or set "
+        "model.lora_rank=0",
+    )
+    need(
+        m.lora_rank == 0 or not o.offload_params,
+        "optim.offload_params=true is for full fine-tuning; with LoRA the trained parameters are "
+        "few: drop optim.offload_params",
+    )
     positive("model", m, "num_labels")
 
     positive("data", d, "max_sequence_length", "length_group_window")

@@ -18,7 +18,7 @@ from flax import nnx
 from rewardax.checkpoint import TrainCheckpointer, resolve_resume
 from rewardax.config import RewardConfig
 from rewardax.errors import CheckpointError, ModelLoadError
-from rewardax.models import ModelConfig, ModelOptions, RewardModel, load_tokenizer
+from rewardax.models import ModelConfig, ModelOptions, RewardModel, load_tokenizer, lora
 from rewardax.optim import build_optimizer, constant_rate
 from rewardax.state import RewardState
 
@@ -68,12 +68,21 @@ def load_checkpoint_model(checkpoint: str | os.PathLike) -> tuple[RewardModel, i
         )
 
         def build_model() -> RewardModel:
-            return options.build(model_config)
+            model = options.build(model_config)
+            if config.model.lora_rank:  # the run's adapters, as the trainer added them
+                lora.add_adapters(
+                    model,
+                    rank=config.model.lora_rank,
+                    alpha=config.model.lora_alpha,
+                    targets=config.model.lora_targets,
+                    base_dtype=config.model.param_dtype,
+                )
+            return model
 
         optimizer = build_optimizer(constant_rate(config.optim), 1)  # for its state layout
         # Shapes only: no parameter is initialised just to be overwritten.
         abstract = jax.eval_shape(lambda: RewardState.create(build_model(), optimizer).arrays())
-        graphdef = nnx.split(nnx.eval_shape(build_model), nnx.Param, ...)[0]
+        graphdef = lora.split(nnx.eval_shape(build_model))[0]
         step, arrays, _ = ckpt.restore(abstract, step)
     model = nnx.merge(graphdef, arrays["params"], arrays["rest"])
     return model, int(step), _run_dir_of(target.root)
@@ -103,6 +112,8 @@ def export_checkpoint(
     if output.exists() and (not output.is_dir() or any(output.iterdir())) and not overwrite:
         raise ModelLoadError(f"{output} exists and is not empty; pass --overwrite to replace it")
     model, step, run_dir = load_checkpoint_model(checkpoint)
+    if lora.has_adapters(model):  # a plain *ForSequenceClassification: adapters merged
+        model = lora.merged(model)
     tokenizer = None
     if tokenizer_path is None and (run_dir / TOKENIZER_DIRNAME).is_dir():
         tokenizer_path = run_dir / TOKENIZER_DIRNAME

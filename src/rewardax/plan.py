@@ -34,12 +34,14 @@ from flax import nnx
 
 from rewardax.config import RewardConfig
 from rewardax.errors import ConfigError, RewardaxError
+from rewardax.models import lora
 from rewardax.models.auto import read_architecture
 from rewardax.models.config import ModelConfig
 from rewardax.models.kernels import select_kernels
 from rewardax.models.loading import ModelOptions
 from rewardax.optim import build_optimizer, build_schedule
 from rewardax.sharding import (
+    HOST_MEMORY,
     batch_sharding,
     make_mesh,
     on_host,
@@ -218,14 +220,27 @@ def _abstract_state(config: RewardConfig, arch: ModelConfig, mesh: Any, optimize
     """(graphdef, abstract arrays with their shardings, the shardings): no memory is used."""
     options = ModelOptions.from_section(config.model, seed=config.train.seed)
     options = options.replace(kernels=select_kernels(config.model.kernels, "tpu"))
-    model = nnx.eval_shape(lambda: options.build(arch))
-    graphdef, params, rest = nnx.split(model, nnx.Param, ...)
+    m = config.model
+
+    def build() -> Any:
+        model = options.build(arch)
+        if m.lora_rank:
+            model = lora.add_adapters(
+                model,
+                rank=m.lora_rank,
+                alpha=m.lora_alpha,
+                targets=m.lora_targets,
+                base_dtype=m.param_dtype,
+            )
+        return model
+
+    graphdef, params, rest = lora.split(nnx.eval_shape(build))
     param_shardings = state_shardings(params, mesh)
     if config.optim.offload_params:
         param_shardings = on_host(param_shardings)
     shardings = {
         "params": param_shardings,
-        "rest": jax.tree.map(lambda _: replicated(mesh), rest),
+        "rest": state_shardings(rest, mesh),
         "opt_state": optimizer_state_shardings(
             optimizer, params, mesh, offload=config.optim.offload_state
         ),
@@ -300,13 +315,17 @@ def _lay_out(config: RewardConfig, arch: ModelConfig, devices: list[Any]) -> _Jo
 _OUT_OF_HBM = re.compile(r"memory required for HLO temporaries \((\d+(?:\.\d+)?)G\)")
 
 
-def _argument_bytes(arrays: Any) -> int:
-    """Bytes one chip holds of the abstract arguments (its shard of each)."""
-    total = 0
+def _argument_bytes(arrays: Any) -> tuple[int, int]:
+    """Bytes one chip (device memory) and its host hold of the abstract arguments' shards."""
+    device = host = 0
     for leaf in jax.tree.leaves(arrays):
         shard = leaf.sharding.shard_shape(leaf.shape)
-        total += math.prod(shard) * jnp.dtype(leaf.dtype).itemsize
-    return total
+        size = math.prod(shard) * jnp.dtype(leaf.dtype).itemsize
+        if leaf.sharding.memory_kind == HOST_MEMORY:
+            host += size
+        else:
+            device += size
+    return device, host
 
 
 def _compile(job: _Job, settings: tuple[str, ...]) -> Compiled:
@@ -320,9 +339,9 @@ def _compile(job: _Job, settings: tuple[str, ...]) -> Compiled:
         if found:
             # The program is known up to its layout: the temporaries from the compiler's own
             # message, the arguments (the state, donated and written in place) from their shards.
-            arguments = _argument_bytes(job.compile_args)
+            arguments, host = _argument_bytes(job.compile_args)
             temporaries = int(float(found.group(1)) * GIB)
-            memory = Memory(arguments, arguments, arguments, temporaries, 0, estimated=True)
+            memory = Memory(arguments, arguments, arguments, temporaries, host, estimated=True)
             return Compiled(settings, memory, time.perf_counter() - start)
         first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
         raise PlanError(f"XLA could not compile the train step for this slice: {first}") from exc
@@ -346,8 +365,9 @@ def alternatives(config: RewardConfig, devices: int) -> list[tuple[str, ...]]:
     """Settings that lower a job's memory per chip, one change each, the cheapest in speed first:
     remat of every block, the data-parallel devices turned into fsdp (parameters and optimizer
     state split across them), the optimizer state in host memory, the float32 parameters there
-    too (a bfloat16 copy on the chip), bfloat16 parameters and moments, half the pairs per device
-    with twice the accumulation (the same pairs per update)."""
+    too (a bfloat16 copy on the chip), bfloat16 parameters and moments, LoRA of rank 16 on a
+    bfloat16 base, half the pairs per device with twice the accumulation (the same pairs per
+    update)."""
     out: list[tuple[str, ...]] = []
     if config.model.remat_policy != "full":
         out.append(("model.remat_policy=full",))
@@ -361,6 +381,8 @@ def alternatives(config: RewardConfig, devices: int) -> list[tuple[str, ...]]:
         out.append(("optim.offload_state=true", "optim.offload_params=true"))
     if jnp.dtype(config.model.param_dtype) != jnp.bfloat16:
         out.append(("model.param_dtype=bfloat16",))
+    if config.model.lora_rank == 0 and not config.optim.offload_params:
+        out.append(("model.lora_rank=16", "model.param_dtype=bfloat16"))
     per_device = config.train.per_device_train_batch_size
     if per_device > 1:
         out.append(
@@ -462,5 +484,7 @@ def describe(result: Plan) -> str:
         mark = "fits" if gib <= result.hbm_limit_gib else "does not fit"
         lines.append(f"  with --{' --'.join(s.settings)}: {gib:.2f} GiB per chip, {mark}")
     if result.suggestions_tried and not result.suggestions:
-        lines.append("  no setting among remat, fsdp, offload, bf16 state, smaller batches applies")
+        lines.append(
+            "  no setting among remat, fsdp, offload, bf16 state, LoRA, smaller batches applies"
+        )
     return "\n".join(lines)

@@ -14,6 +14,8 @@ import jax.numpy as jnp
 import optax
 from flax import nnx
 
+from rewardax.models import lora
+
 
 @dataclass
 class RewardState:
@@ -40,7 +42,7 @@ class RewardState:
     def create(
         cls, model: nnx.Module, optimizer: optax.GradientTransformation, *, seed: int = 0
     ) -> RewardState:
-        graphdef, params, rest = nnx.split(model, nnx.Param, ...)
+        graphdef, params, rest = lora.split(model)
         return cls(
             graphdef=graphdef,
             params=params,

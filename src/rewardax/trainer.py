@@ -24,7 +24,6 @@ from typing import Any, NamedTuple
 import jax
 import jax.numpy as jnp
 import numpy as np
-from flax import nnx
 
 from rewardax import data as rdata
 from rewardax import distributed, hostmem
@@ -34,7 +33,7 @@ from rewardax.errors import CheckpointError, ConfigError
 from rewardax.evaluation import reward_normalization
 from rewardax.logging import MetricsLogger
 from rewardax.loop import EveryNSteps, Loop
-from rewardax.models import AutoRewardModel, ModelOptions, RewardModel, smollm2_gguf_path
+from rewardax.models import AutoRewardModel, ModelOptions, RewardModel, lora, smollm2_gguf_path
 from rewardax.optim import build_optimizer, build_schedule, constant_rate
 from rewardax.pair_scoring import PairScorer
 from rewardax.sharding import (
@@ -256,9 +255,20 @@ class RewardTrainer:
         if isinstance(model, RewardState):
             state = model
         else:
+            if cfg.model.lora_rank and not lora.has_adapters(model):
+                # A passed model gets its adapters in place (a copy would double its memory).
+                lora.add_adapters(
+                    model,
+                    rank=cfg.model.lora_rank,
+                    alpha=cfg.model.lora_alpha,
+                    targets=cfg.model.lora_targets,
+                    seed=cfg.train.seed,
+                    base_dtype=cfg.model.param_dtype,
+                )
             # Not RewardState.create: its eager optimizer.init would build the moments unsharded
             # on one device (3x the parameters' memory with Adam) before _shard_state shards them.
-            graphdef, params, rest = nnx.split(model, nnx.Param, ...)
+            # With LoRA, `params` are the adapters and the head; the frozen rest is in `rest`.
+            graphdef, params, rest = lora.split(model)
             state = RewardState(
                 graphdef=graphdef,
                 params=params,
@@ -275,7 +285,7 @@ class RewardTrainer:
         if self.config.optim.offload_params:
             param_shardings = on_host(param_shardings)
         params = jax.device_put(state.params, param_shardings)
-        rest = jax.device_put(state.rest, replicated(self.mesh))
+        rest = jax.device_put(state.rest, state_shardings(state.rest, self.mesh))
         opt_shardings = optimizer_state_shardings(
             self.optimizer, state.params, self.mesh, offload=self.config.optim.offload_state
         )
@@ -491,8 +501,11 @@ class RewardTrainer:
         model = self.state.model
         if self.process_count > 1:
             # Parameters sharded over several processes: gather them (a collective) first.
-            params = distributed.gather_to_host(self.state.params)
-            model = self.state.replace_arrays({**self.state.arrays(), "params": params}).model
+            params, rest = distributed.gather_to_host((self.state.params, self.state.rest))
+            arrays = {**self.state.arrays(), "params": params, "rest": rest}
+            model = self.state.replace_arrays(arrays).model
+        if lora.has_adapters(model):  # a plain *ForSequenceClassification: adapters merged
+            model = lora.merged(model)
         if self.process_index == 0:
             model.save_pretrained(
                 export_dir, tokenizer=self.tokenizer, extra_config=extra, overwrite=True

@@ -139,6 +139,11 @@ def project(
         )
     out = []
     for p, k, y in zip(projections, kernels, ys, strict=True):
+        if getattr(p, "lora_a", None) is not None:  # `models.lora`: + (alpha / r) x A B
+            a = p.lora_a[...].reshape(x2.shape[1], -1).astype(x2.dtype)
+            b = p.lora_b[...]
+            b = b.reshape(b.shape[0], -1).astype(x2.dtype)
+            y = y + (jnp.dot(jnp.dot(x2, a), b) * p.lora_scale).astype(y.dtype)
         y = y.reshape(*lead, *k.shape[n_in:])
         if p.bias is not None:
             y = y + p.bias[...].astype(x.dtype)
