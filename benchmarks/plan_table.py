@@ -5,9 +5,10 @@
 Compiles the train step of `configs/plan_tpu.yaml` (bf16 compute, float32 parameters and AdamW
 moments, one pair of T tokens per chip, fsdp over all chips) for each model shape of
 `configs/shapes/` at T = 2048 and 4096 on one v5e chip, with everything on the chip, with the
-optimizer state in host memory (`optim.offload_state`), and with the parameters there too
-(`optim.offload_params`), each with remat `full` (the least activation memory); then Llama-3.1-8B
-at 4096 on v5e slices of 4, 8 and 16 chips. Prints one Markdown row per configuration as it goes
+optimizer state in host memory (`optim.offload_state`), with the parameters there too
+(`optim.offload_params`), and with LoRA of rank 16 on a bfloat16 base (`model.lora_rank`), each
+with remat `full` (the least activation memory); then Llama-3.1-8B at 4096 on v5e slices of 4, 8
+and 16 chips. Prints one Markdown row per configuration as it goes
 (HBM per chip, whether it fits 15.75 GiB, host memory, compile seconds). `--quick`: 0.5B only.
 """
 
@@ -27,6 +28,7 @@ MODES = {
     "on chip": [],
     "offload state": ["optim.offload_state=true"],
     "offload state + params": ["optim.offload_state=true", "optim.offload_params=true"],
+    "LoRA r16, bf16 base": ["model.lora_rank=16", "model.param_dtype=bfloat16"],
 }
 
 

@@ -144,10 +144,14 @@ def test_alternatives_each_lower_one_thing():
         ("mesh.dp=1", "mesh.fsdp=-1", "mesh.tp=1"),
         ("optim.offload_state=true",),
         ("model.param_dtype=bfloat16",),
+        ("model.lora_rank=16", "model.param_dtype=bfloat16"),
         ("train.per_device_train_batch_size=3", "train.gradient_accumulation_steps=6"),
     ]
+    config.model.dtype = "bfloat16"  # mixed precision: the master weights can leave the chip
+    assert ("optim.offload_state=true", "optim.offload_params=true") in alternatives(config, 8)
     config.model.remat_policy = "full"
     config.model.param_dtype = "bfloat16"
+    config.model.lora_rank = 8
     config.optim.offload_state = True
     config.train.per_device_train_batch_size = 1
     assert alternatives(config, 1) == []  # one chip: no data-parallel devices to turn into fsdp

@@ -209,15 +209,21 @@ def topology_devices(name: str) -> list[Any]:
     return list(description.devices)
 
 
-def model_flops_per_token(arch: ModelConfig, params: int, embedding: int, length: int) -> float:
-    """Training FLOPs per token: 6 x non-embedding parameters (forward and backward matmuls) +
-    12 x layers x hidden x length (attention scores and values, forward and backward, without the
-    causal half saved); remat's recomputation is not counted (the MFU of benchmarks/)."""
-    return 6.0 * (params - embedding) + 12.0 * arch.num_hidden_layers * arch.hidden_size * length
+def model_flops_per_token(
+    arch: ModelConfig, params: int, embedding: int, length: int, *, frozen: bool = False
+) -> float:
+    """Training FLOPs per token: 6 x non-embedding parameters (forward and backward matmuls; 4 x
+    with a frozen base, whose weight gradients are not computed) + 12 x layers x hidden x length
+    (attention scores and values, forward and backward, without the causal half saved); remat's
+    recomputation is not counted (the MFU of benchmarks/)."""
+    per_param = 4.0 if frozen else 6.0
+    attention = 12.0 * arch.num_hidden_layers * arch.hidden_size * length
+    return per_param * (params - embedding) + attention
 
 
 def _abstract_state(config: RewardConfig, arch: ModelConfig, mesh: Any, optimizer: Any):
-    """(graphdef, abstract arrays with their shardings, the shardings): no memory is used."""
+    """(graphdef, every parameter, abstract arrays with their shardings, the shardings): shapes
+    only, no memory is used."""
     options = ModelOptions.from_section(config.model, seed=config.train.seed)
     options = options.replace(kernels=select_kernels(config.model.kernels, "tpu"))
     m = config.model
@@ -234,7 +240,9 @@ def _abstract_state(config: RewardConfig, arch: ModelConfig, mesh: Any, optimize
             )
         return model
 
-    graphdef, params, rest = lora.split(nnx.eval_shape(build))
+    model = nnx.eval_shape(build)
+    everything = nnx.state(model, nnx.Param)  # counted for FLOPs, LoRA's frozen base included
+    graphdef, params, rest = lora.split(model)
     param_shardings = state_shardings(params, mesh)
     if config.optim.offload_params:
         param_shardings = on_host(param_shardings)
@@ -257,7 +265,7 @@ def _abstract_state(config: RewardConfig, arch: ModelConfig, mesh: Any, optimize
     arrays = jax.tree.map(
         lambda v, s: jax.ShapeDtypeStruct(v.shape, v.dtype, sharding=s), values, shardings
     )
-    return graphdef, params, arrays, shardings
+    return graphdef, everything, arrays, shardings
 
 
 def _batch(pairs: int, length: int, sharding: Any) -> dict[str, jax.ShapeDtypeStruct]:
@@ -431,10 +439,15 @@ def plan(
     tried_any = suggest and rebuild is not None and compiled.memory.hbm > limit * GIB
     if tried_any:
         changes = alternatives(config, len(devices))
-        tried = [*changes, tuple(s for change in changes for s in change)] if changes else []
-        for change in dict.fromkeys(tried):
-            other = rebuild([*(overrides or []), *change])
-            suggestions.append(_compile(_lay_out(other, arch, devices), change))
+        # Then the full fine-tuning savers together (offload and LoRA exclude each other).
+        on_chip = [c for c in changes if not any("offload" in x or "lora" in x for x in c)]
+        together = tuple(x for change in on_chip for x in change)
+        for change in dict.fromkeys([*changes, together] if len(on_chip) > 1 else changes):
+            try:
+                other = rebuild([*(overrides or []), *change])
+                suggestions.append(_compile(_lay_out(other, arch, devices), change))
+            except ConfigError:
+                continue  # a combination the job's other settings rule out
     leaves = jax.tree.leaves(job.params)
     parameters = sum(math.prod(x.shape) for x in leaves)
     embedding = arch.vocab_size * arch.hidden_size
@@ -451,7 +464,10 @@ def plan(
         parameters=parameters,
         pairs_per_step=job.pairs,
         tokens_per_step=tokens,
-        model_flops_per_step=model_flops_per_token(arch, parameters, embedding, length) * tokens,
+        model_flops_per_step=tokens
+        * model_flops_per_token(
+            arch, parameters, embedding, length, frozen=config.model.lora_rank > 0
+        ),
         hbm_limit_gib=limit,
         job=compiled,
         suggestions=tuple(suggestions),
