@@ -255,8 +255,11 @@ def test_options_from_a_run_config_carry_every_model_setting():
     from rewardax.config import ModelSection
     from rewardax.models import ModelOptions
 
-    # One field each, besides where the model comes from (path) and the run's seed.
-    section_fields = {f.name for f in dataclasses.fields(ModelSection)} - {"path"}
+    # One field each, besides where the model comes from (path) and the run's seed. LoRA's
+    # settings are not how a model is built: the trainer adds adapters to the loaded model
+    # (`models.lora.add_adapters`), and `rewardax export` does the same to the checkpoint's.
+    lora = {"lora_rank", "lora_alpha", "lora_targets"}
+    section_fields = {f.name for f in dataclasses.fields(ModelSection)} - {"path"} - lora
     assert {f.name for f in dataclasses.fields(ModelOptions)} == section_fields | {"seed"}
     section = ModelSection(
         dtype="bfloat16",
