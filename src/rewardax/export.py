@@ -67,17 +67,8 @@ def load_checkpoint_model(checkpoint: str | os.PathLike) -> tuple[RewardModel, i
             num_labels=model_config.num_labels
         )
 
-        def build_model() -> RewardModel:
-            model = options.build(model_config)
-            if config.model.lora_rank:  # the run's adapters, as the trainer added them
-                lora.add_adapters(
-                    model,
-                    rank=config.model.lora_rank,
-                    alpha=config.model.lora_alpha,
-                    targets=config.model.lora_targets,
-                    base_dtype=config.model.param_dtype,
-                )
-            return model
+        def build_model() -> RewardModel:  # with the run's adapters, as the trainer added them
+            return lora.add_configured_adapters(options.build(model_config), config.model)
 
         optimizer = build_optimizer(constant_rate(config.optim), 1)  # for its state layout
         # Shapes only: no parameter is initialised just to be overwritten.

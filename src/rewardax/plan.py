@@ -226,21 +226,7 @@ def _abstract_state(config: RewardConfig, arch: ModelConfig, mesh: Any, optimize
     only, no memory is used."""
     options = ModelOptions.from_section(config.model, seed=config.train.seed)
     options = options.replace(kernels=select_kernels(config.model.kernels, "tpu"))
-    m = config.model
-
-    def build() -> Any:
-        model = options.build(arch)
-        if m.lora_rank:
-            model = lora.add_adapters(
-                model,
-                rank=m.lora_rank,
-                alpha=m.lora_alpha,
-                targets=m.lora_targets,
-                base_dtype=m.param_dtype,
-            )
-        return model
-
-    model = nnx.eval_shape(build)
+    model = nnx.eval_shape(lambda: lora.add_configured_adapters(options.build(arch), config.model))
     everything = nnx.state(model, nnx.Param)  # counted for FLOPs, LoRA's frozen base included
     graphdef, params, rest = lora.split(model)
     param_shardings = state_shardings(params, mesh)

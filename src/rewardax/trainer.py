@@ -255,16 +255,8 @@ class RewardTrainer:
         if isinstance(model, RewardState):
             state = model
         else:
-            if cfg.model.lora_rank and not lora.has_adapters(model):
-                # A passed model gets its adapters in place (a copy would double its memory).
-                lora.add_adapters(
-                    model,
-                    rank=cfg.model.lora_rank,
-                    alpha=cfg.model.lora_alpha,
-                    targets=cfg.model.lora_targets,
-                    seed=cfg.train.seed,
-                    base_dtype=cfg.model.param_dtype,
-                )
+            # A passed model gets its adapters in place (a copy would double its memory).
+            model = lora.add_configured_adapters(model, cfg.model, seed=cfg.train.seed)
             # Not RewardState.create: its eager optimizer.init would build the moments unsharded
             # on one device (3x the parameters' memory with Adam) before _shard_state shards them.
             # With LoRA, `params` are the adapters and the head; the frozen rest is in `rest`.

@@ -113,6 +113,22 @@ def add_adapters(
     return model
 
 
+def add_configured_adapters(model: nnx.Module, section: Any, *, seed: int = 0) -> nnx.Module:
+    """`add_adapters` with a run config's ``model:`` section (``rewardax.config.ModelSection``)
+    when its ``lora_rank`` is set and the model has none yet; else the model as it is. The trainer,
+    `rewardax export` and `rewardax plan` build the same adapted model through it."""
+    if not section.lora_rank or has_adapters(model):
+        return model
+    return add_adapters(
+        model,
+        rank=section.lora_rank,
+        alpha=section.lora_alpha,
+        targets=section.lora_targets,
+        seed=seed,
+        base_dtype=section.param_dtype,
+    )
+
+
 def delta(proj: Projection) -> jax.Array:
     """(alpha / r) * A @ B in the kernel's layout, float32."""
     a, b = proj.lora_a[...], proj.lora_b[...]
