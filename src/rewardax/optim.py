@@ -162,8 +162,8 @@ def fused_adamw(
 
         ``offload``: the moments arrive in host memory and go back there. Each parameter's pair
         is copied to the device, updated and copied back one parameter after the other (each
-        copy waits for the previous parameter's results), so the device holds one parameter's
-        moments at a time rather than all of them. ``params_on_host``: the parameters too (and
+        copy waits for the previous parameter's results), so that all the moments need not be on
+        the device at once (how many are is XLA's scheduling: benchmarks/README.md, 2026-12-06). ``params_on_host``: the parameters too (and
         the gradients may come in a lower dtype: each is cast to its parameter's dtype there).
         """
         keep = lambda new, old: jnp.where(accept, new, old)  # noqa: E731

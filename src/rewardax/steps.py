@@ -213,8 +213,9 @@ COPY_IN_COMPUTE_DTYPE_FROM = 65_536
 def device_copy(params: Any, dtype: Any) -> Any:
     """Host-resident parameters as device arrays for the forward and backward pass: the large
     matrices in ``dtype``, the rest as they are. Each parameter is brought over once the previous
-    one's copy exists (an optimization barrier orders them), so the device never holds more than
-    one float32 parameter beside the copies."""
+    one's copy exists (an optimization barrier orders them), so that the float32 originals need
+    not all be on the device at once; XLA's scheduler decides how many are (benchmarks/README.md,
+    2026-12-06, measures the result with `rewardax plan`)."""
     leaves, treedef = jax.tree.flatten(params)
     out, previous = [], None
     for p in leaves:
