@@ -32,6 +32,8 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from rewardax import data as rdata
+from rewardax import distributed
 from rewardax.config import RewardConfig
 from rewardax.errors import ConfigError, RewardaxError
 from rewardax.models import lora
@@ -49,7 +51,7 @@ from rewardax.sharding import (
     replicated,
     state_shardings,
 )
-from rewardax.steps import jit_train_step, make_train_step
+from rewardax.steps import configured_train_step, jit_train_step
 
 GIB = 2**30
 TPU_HBM_GIB = {
@@ -255,15 +257,10 @@ def _abstract_state(config: RewardConfig, arch: ModelConfig, mesh: Any, optimize
 
 
 def _batch(pairs: int, length: int, sharding: Any) -> dict[str, jax.ShapeDtypeStruct]:
-    """The padded batch's shapes (`rewardax.steps`), split as the trainer splits it."""
-    shapes = {
-        "input_ids": ((pairs, 2, length), jnp.int32),
-        "attention_mask": ((pairs, 2, length), jnp.int32),
-        "reward_index": ((pairs, 2), jnp.int32),
-        "margin": ((pairs,), jnp.float32),
-        "pair_mask": ((pairs,), jnp.float32),
-    }
-    return {k: jax.ShapeDtypeStruct(s, t, sharding=sharding) for k, (s, t) in shapes.items()}
+    """The padded batch's shapes and dtypes (those of the loader's batches), split as the trainer
+    splits it."""
+    batch = distributed.padding_batch(pairs, length, rdata.BATCH_KEYS)
+    return {k: jax.ShapeDtypeStruct(v.shape, v.dtype, sharding=sharding) for k, v in batch.items()}
 
 
 @dataclasses.dataclass
@@ -289,17 +286,9 @@ def _lay_out(config: RewardConfig, arch: ModelConfig, devices: list[Any]) -> _Jo
     total_steps = int(train.max_training_steps or 1000)  # the schedule's length: no memory
     optimizer = build_optimizer(config.optim, total_steps)
     graphdef, params, arrays, shardings = _abstract_state(config, arch, mesh, optimizer)
-    step = make_train_step(
-        graphdef,
-        optimizer,
-        build_schedule(config.optim, total_steps),
-        accumulation_steps=train.gradient_accumulation_steps,
-        center_coefficient=train.center_rewards_coefficient,
-        dropout=config.model.dropout_rate > 0,
-        offload_state=config.optim.offload_state,
-        compute_dtype=config.model.dtype,
-        offload_params=config.optim.offload_params,
-    )
+    schedule = build_schedule(config.optim, total_steps)
+    dropout = config.model.dropout_rate > 0
+    step = configured_train_step(config, graphdef, optimizer, schedule, dropout=dropout)
     batch = _batch(pairs, config.data.max_sequence_length, batch_sharding(mesh))
     jitted = jit_train_step(step, shardings, mesh)
     return _Job(config, arch, mesh, pairs, params, (arrays, batch), jitted)

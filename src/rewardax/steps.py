@@ -205,6 +205,30 @@ def make_train_step(
     return train_step
 
 
+def configured_train_step(
+    config: Any,
+    graphdef,
+    optimizer: optax.GradientTransformation,
+    schedule: optax.Schedule,
+    *,
+    dropout: bool,
+) -> Callable[[Arrays, Batch], tuple[Arrays, dict[str, jax.Array]]]:
+    """`make_train_step` with a run config's (`rewardax.RewardConfig`) settings: accumulation,
+    centering, offload and compute dtype. `RewardTrainer` and `rewardax plan` build their step
+    here, so a new setting reaches both."""
+    return make_train_step(
+        graphdef,
+        optimizer,
+        schedule,
+        accumulation_steps=config.train.gradient_accumulation_steps,
+        center_coefficient=config.train.center_rewards_coefficient,
+        dropout=dropout,
+        offload_state=config.optim.offload_state,
+        offload_params=config.optim.offload_params,
+        compute_dtype=config.model.dtype,
+    )
+
+
 # Parameters smaller than this stay float32 in the device copy of offloaded parameters: norm
 # scales, biases, the score head (their precision matters more than their bytes).
 COPY_IN_COMPUTE_DTYPE_FROM = 65_536

@@ -47,7 +47,7 @@ from rewardax.sharding import (
     traced_in_mesh,
 )
 from rewardax.state import RewardState
-from rewardax.steps import jit_train_step, make_eval_step, make_train_step
+from rewardax.steps import configured_train_step, jit_train_step, make_eval_step
 from rewardax.train_hooks import NonFiniteGuard, TrainLog
 
 EXPORT_DIRNAME = "export"
@@ -307,16 +307,12 @@ class RewardTrainer:
         if self._functions is not None:
             return self._functions
         cfg = self.config
-        train_step = make_train_step(
+        train_step = configured_train_step(
+            cfg,
             self.state.graphdef,
             self.optimizer,
             self.schedule,
-            accumulation_steps=self.accumulation_steps,
-            center_coefficient=cfg.train.center_rewards_coefficient,
             dropout=self._dropout_rate() > 0,
-            offload_state=cfg.optim.offload_state,
-            compute_dtype=cfg.model.dtype,
-            offload_params=cfg.optim.offload_params,
         )
         shardings = jax.tree.map(lambda x: x.sharding, self.state.arrays())
         data = batch_sharding(self.mesh)
