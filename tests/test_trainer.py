@@ -275,10 +275,10 @@ def test_nan_policy_skip_step_counts_and_finishes(tokenizer, tmp_path):
 
 def test_save_final_false_ends_with_the_export_and_no_checkpoint(tokenizer, tmp_path, monkeypatch):
     """save_final=false writes nothing to resume from (save_steps null) and the same model."""
-    import rewardax.trainer
+    import rewardax.steps
 
     traces = {"n": 0}
-    make_train_step = rewardax.trainer.make_train_step
+    make_train_step = rewardax.steps.make_train_step
 
     def counting_make_train_step(*args, **kwargs):
         step = make_train_step(*args, **kwargs)
@@ -289,7 +289,8 @@ def test_save_final_false_ends_with_the_export_and_no_checkpoint(tokenizer, tmp_
 
         return traced
 
-    monkeypatch.setattr(rewardax.trainer, "make_train_step", counting_make_train_step)
+    # The trainer builds its step through steps.configured_train_step, which calls this name.
+    monkeypatch.setattr(rewardax.steps, "make_train_step", counting_make_train_step)
     results = {}
     for save_final in (True, False):
         traces["n"] = 0
