@@ -112,6 +112,22 @@ class FusedAdamW(NamedTuple):
     apply: Any
 
 
+def _only(state: Any, kind: type) -> Any:
+    """The one node of optax's public state type `kind` in an optimizer state, found by its type
+    rather than its position in optax's chain (which is optax's to change)."""
+    is_kind = lambda x: isinstance(x, kind)  # noqa: E731
+    found = [x for x in jax.tree.leaves(state, is_leaf=is_kind) if is_kind(x)]
+    if len(found) != 1:
+        raise TypeError(f"expected one {kind.__name__} in the optimizer state, found {len(found)}")
+    return found[0]
+
+
+def _swap(state: Any, kind: type, new: Any) -> Any:
+    """`state` with its `kind` node (see `_only`) replaced by `new`."""
+    is_kind = lambda x: isinstance(x, kind)  # noqa: E731
+    return jax.tree.map(lambda x: new if is_kind(x) else x, state, is_leaf=is_kind)
+
+
 def _saturating_increment(count: jax.Array) -> jax.Array:
     """count + 1, staying at the dtype's maximum instead of wrapping (as optax's counters)."""
     return jnp.where(count < jnp.iinfo(count.dtype).max, count + 1, count)
@@ -166,7 +182,8 @@ def fused_adamw(
         the gradients may come in a lower dtype: each is cast to its parameter's dtype there).
         """
         keep = lambda new, old: jnp.where(accept, new, old)  # noqa: E731
-        adam_state, decay_state, schedule_state = state[1] if max_grad_norm is not None else state
+        adam_state = _only(state, optax.ScaleByAdamState)
+        schedule_state = _only(state, optax.ScaleByScheduleState)
         if offload:  # the step counts come to the device (the moments, one by one, below)
             to_device = lambda x: jax.device_put(x, jax.memory.Space.Device)  # noqa: E731
             adam_state = adam_state._replace(count=to_device(adam_state.count))
@@ -216,9 +233,8 @@ def fused_adamw(
         new_schedule = schedule_state._replace(
             count=keep(_saturating_increment(schedule_state.count), schedule_state.count)
         )
-        inner = (new_adam, decay_state, new_schedule)
-        new_state = (state[0], inner) if max_grad_norm is not None else inner
-        return pick(0), new_state
+        new_state = _swap(state, optax.ScaleByAdamState, new_adam)
+        return pick(0), _swap(new_state, optax.ScaleByScheduleState, new_schedule)
 
     return FusedAdamW(reference.init, reference.update, apply)
 

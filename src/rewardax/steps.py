@@ -20,6 +20,7 @@ from flax import nnx
 
 from rewardax import losses
 from rewardax.errors import ConfigError
+from rewardax.optim import FusedAdamW
 from rewardax.sharding import batch_sharding, replicated, traced_in_mesh
 
 Batch = dict[str, jax.Array]
@@ -164,7 +165,7 @@ def make_train_step(
         opt_state = arrays["opt_state"]
         # Poisoned values must never reach the state (nor, later, a checkpoint): where the step
         # is not finite, parameters and optimizer state stay as they were.
-        if hasattr(optimizer, "apply"):  # rewardax.optim.FusedAdamW: one pass per parameter
+        if isinstance(optimizer, FusedAdamW):  # one pass per parameter
             # Offloaded moments are streamed through the device parameter by parameter.
             new_params, new_opt_state = optimizer.apply(
                 grads,
