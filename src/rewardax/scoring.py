@@ -37,11 +37,11 @@ from rewardax.data.config import DataConfig
 from rewardax.data.formats import (
     InvalidRow,
     NormalizedPair,
-    _chat_extras,
-    _check_encodable,
-    _messages,
+    chat_extras,
+    check_encodable,
+    checked_messages,
 )
-from rewardax.data.tokenize import PairEncoder, _Filtered, _Sequence, pad_token_id
+from rewardax.data.tokenize import EncodedSequence, FilteredPair, PairEncoder, pad_token_id
 from rewardax.errors import ConfigError, DataError, ModelLoadError
 
 SCORE_SUFFIXES = (".jsonl", ".ndjson", ".parquet")
@@ -59,25 +59,20 @@ class ResponseEncoder:
 
     def __init__(self, tokenizer: Any, data_config: DataConfig):
         self.config = data_config
-        self.encoder = PairEncoder(
-            tokenizer,
-            data_config.max_sequence_length,
-            data_config.truncation_mode,
-            append_eos=data_config.append_eos,
-        )
+        self.encoder = PairEncoder.for_data(tokenizer, data_config)
 
-    def _text_sequence(self, text: str, prompt_chars: int) -> _Sequence:
+    def _text_sequence(self, text: str, prompt_chars: int) -> EncodedSequence:
         enc = self.encoder
-        ids = enc._batch_ids([text], add_special_tokens=True)[0]
+        ids = enc.token_ids([text], add_special_tokens=True)[0]
         if enc.append_eos and enc.eos_id is not None and (not ids or ids[-1] != enc.eos_id):
             ids.append(int(enc.eos_id))
-        return _Sequence(ids, text, prompt_chars, True)
+        return EncodedSequence(ids, text, prompt_chars, True)
 
-    def _chat_sequence(self, messages: list[dict], row: dict) -> _Sequence:
+    def _chat_sequence(self, messages: list[dict], row: dict) -> EncodedSequence:
         enc = self.encoder
-        tools, kwargs = _chat_extras(row)
+        tools, kwargs = chat_extras(row)
         pair = NormalizedPair("chat", messages, messages, tools=tools, template_kwargs=kwargs)
-        full = enc._render(messages, pair, "messages")
+        full = enc.render(messages, pair, "messages")
         # Training puts the prompt/response boundary at the end of the text two responses share: the
         # rendered prompt plus the assistant header, which is the generation-prompt render.
         head = ""
@@ -105,8 +100,8 @@ class ResponseEncoder:
         common = 0
         while common < min(len(head), len(full)) and head[common] == full[common]:
             common += 1
-        ids = enc._batch_ids([full], add_special_tokens=False)[0]
-        seq = _Sequence(ids, full, min(common, len(full) - 1), False)
+        ids = enc.token_ids([full], add_special_tokens=False)[0]
+        seq = EncodedSequence(ids, full, min(common, len(full) - 1), False)
         # The template writes its own special tokens; add a BOS only when the tokenizer wants one
         # and the template left it out (the training rule).
         if enc.adds_bos and (not ids or ids[0] != enc.bos_id):
@@ -118,8 +113,8 @@ class ResponseEncoder:
         """Token ids int32 [L] of one row (L <= max_sequence_length); DataError naming `where`."""
         try:
             try:
-                ids, _ = self.encoder._fit(self._row_sequence(row), "response")
-            except _Filtered:
+                ids, _ = self.encoder.fit(self._row_sequence(row), "response")
+            except FilteredPair:
                 raise InvalidRow(
                     "too_long",
                     "response",
@@ -131,13 +126,13 @@ class ResponseEncoder:
             raise DataError(f"{where}, field '{bad.field_name}': {bad.expected}") from None
         return np.asarray(ids, dtype=np.int32)
 
-    def _row_sequence(self, row: Any) -> _Sequence:
+    def _row_sequence(self, row: Any) -> EncodedSequence:
         if not isinstance(row, dict):
             raise InvalidRow("wrong_type", "<row>", f"expected an object, got {type(row).__name__}")
         # A lone surrogate (a JSON "\\ud800" escape) would crash the tokenizer in Rust.
-        _check_encodable(row, "")
+        check_encodable(row, "")
         if row.get("messages") is not None:
-            messages = _messages(row["messages"], "messages", response=True)
+            messages = checked_messages(row["messages"], "messages", response=True)
             return self._chat_sequence(messages, row)
         if row.get("input_ids") is not None:
             ids = row["input_ids"]
@@ -156,12 +151,12 @@ class ResponseEncoder:
                     "input_ids",
                     f"expected a non-empty list of ids in [0, {self.encoder.vocab_size})",
                 )
-            return _Sequence(ids, None, 0, False, prompt_tokens=0)
+            return EncodedSequence(ids, None, 0, False, prompt_tokens=0)
         if row.get("response") is not None:
             response = _string(row, "response")
             prompt = row.get("prompt")
             if isinstance(prompt, list):
-                messages = _messages(prompt, "prompt", response=False)
+                messages = checked_messages(prompt, "prompt", response=False)
                 return self._chat_sequence(
                     [*messages, {"role": "assistant", "content": response}], row
                 )

@@ -20,7 +20,7 @@ import numpy as np
 
 from rewardax.data.config import DataConfig
 from rewardax.data.formats import InvalidRow, detect_format, normalize_row
-from rewardax.data.tokenize import PairEncoder, _Filtered, pad_token_id
+from rewardax.data.tokenize import FilteredPair, PairEncoder, pad_token_id
 from rewardax.errors import DataError
 
 BATCH_KEYS = ("input_ids", "attention_mask", "reward_index", "margin", "pair_mask")
@@ -79,12 +79,7 @@ class RowProcessor:
     def __init__(self, tokenizer: Any, config: DataConfig, fmt: str | None = None):
         self.config = config
         self.fmt = fmt
-        self.encoder = PairEncoder(
-            tokenizer,
-            config.max_sequence_length,
-            config.truncation_mode,
-            append_eos=config.append_eos,
-        )
+        self.encoder = PairEncoder.for_data(tokenizer, config)
 
     def process(self, row: Any, index: int, where: str) -> dict:
         """One row -> its record (see `process_many`)."""
@@ -122,7 +117,7 @@ class RowProcessor:
             index = indices[k]
             if isinstance(result, InvalidRow):
                 out[k] = self._invalid(result, index, where)
-            elif isinstance(result, _Filtered):
+            elif isinstance(result, FilteredPair):
                 out[k] = {
                     "dropped": result.reason,
                     "message": f"{where(index)}: {result.reason}",

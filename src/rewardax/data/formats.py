@@ -128,7 +128,7 @@ def _margin(row: dict, margin_from_scores: bool, margin_scale: float) -> float:
     return float(value)
 
 
-def _check_encodable(value: Any, where: str, depth: int = 0) -> None:
+def check_encodable(value: Any, where: str, depth: int = 0) -> None:
     """Strings must be valid Unicode: a lone surrogate (from a bad decode upstream) would crash the
     tokenizer deep inside Rust, so it is reported here with the field's path."""
     if isinstance(value, str):
@@ -143,10 +143,10 @@ def _check_encodable(value: Any, where: str, depth: int = 0) -> None:
             ) from None
     elif depth < 8 and isinstance(value, dict):
         for key, item in value.items():
-            _check_encodable(item, f"{where}.{key}" if where else str(key), depth + 1)
+            check_encodable(item, f"{where}.{key}" if where else str(key), depth + 1)
     elif depth < 8 and isinstance(value, list):
         for i, item in enumerate(value):
-            _check_encodable(item, f"{where}[{i}]", depth + 1)
+            check_encodable(item, f"{where}[{i}]", depth + 1)
 
 
 def _text(row: dict, name: str) -> str:
@@ -162,7 +162,7 @@ def _text(row: dict, name: str) -> str:
     return value
 
 
-def _messages(value: Any, name: str, *, response: bool) -> list[dict]:
+def checked_messages(value: Any, name: str, *, response: bool) -> list[dict]:
     if value is None:
         raise InvalidRow(
             "missing_field", name, "expected a list of messages, the field is missing or None"
@@ -285,7 +285,7 @@ _TEMPLATE_CONTROLS = frozenset(
 )
 
 
-def _chat_extras(row: dict) -> tuple[Any, dict]:
+def chat_extras(row: dict) -> tuple[Any, dict]:
     tools = row.get("tools")
     if isinstance(tools, str):
         try:
@@ -324,7 +324,7 @@ def normalize_row(
         raise InvalidRow(
             "wrong_type", "<row>", f"expected a mapping of fields, got {type(row).__name__}"
         )
-    _check_encodable(row, "")
+    check_encodable(row, "")
     found = detect_format(row)
     if found is not None and found != fmt:
         raise InvalidRow(
@@ -349,15 +349,17 @@ def normalize_row(
     elif fmt in ("conversational", "sharegpt"):
         if fmt == "conversational":
             prompt = row.get("prompt")
-            prompt = _messages(prompt, "prompt", response=False) if prompt is not None else []
-            chosen = _messages(row.get("chosen"), "chosen", response=True)
-            rejected = _messages(row.get("rejected"), "rejected", response=True)
+            prompt = (
+                checked_messages(prompt, "prompt", response=False) if prompt is not None else []
+            )
+            chosen = checked_messages(row.get("chosen"), "chosen", response=True)
+            rejected = checked_messages(row.get("rejected"), "rejected", response=True)
         else:
             name = "conversations" if "conversations" in row else "prompt"
             prompt = _sharegpt_turns(row[name], name) if row.get(name) is not None else []
             chosen = _sharegpt_turns(row.get("chosen"), "chosen")
             rejected = _sharegpt_turns(row.get("rejected"), "rejected")
-        tools, kwargs = _chat_extras(row)
+        tools, kwargs = chat_extras(row)
         pair = NormalizedPair(
             "chat",
             prompt + chosen,

@@ -38,6 +38,16 @@ class PairEncoder:
       append_eos: append EOS to plain-text sequences that do not end with it.
     """
 
+    @classmethod
+    def for_data(cls, tokenizer: Any, config: Any) -> PairEncoder:
+        """The encoder of a `data` section (`rewardax.data.DataConfig`): its length policy."""
+        return cls(
+            tokenizer,
+            config.max_sequence_length,
+            config.truncation_mode,
+            append_eos=config.append_eos,
+        )
+
     def __init__(
         self,
         tokenizer: Any,
@@ -87,7 +97,7 @@ class PairEncoder:
             n_prompt += 1
         return ids, n_prompt
 
-    def _render(self, messages: list[dict], pair: NormalizedPair, name: str) -> str:
+    def render(self, messages: list[dict], pair: NormalizedPair, name: str) -> str:
         try:
             text = self.tokenizer.apply_chat_template(
                 messages,
@@ -105,7 +115,7 @@ class PairEncoder:
         # Whitespace after the end-of-turn token carries nothing: the reward reads the end-of-turn token.
         return text.rstrip()
 
-    def _batch_ids(self, texts: list[str], add_special_tokens: bool) -> list[list[int]]:
+    def token_ids(self, texts: list[str], add_special_tokens: bool) -> list[list[int]]:
         """Token ids of many texts in one tokenizer call (the fast tokenizer's batch path).
 
         One call per chunk instead of one per text: the per-call overhead of `tokenizer(...)`
@@ -122,7 +132,7 @@ class PairEncoder:
         )
         return enc["input_ids"]  # fresh lists, ours to extend
 
-    def _prompt_tokens(self, seq: _Sequence) -> int:
+    def _prompt_tokens(self, seq: EncodedSequence) -> int:
         """How many leading tokens of `seq` are prompt (computed only when truncation needs it)."""
         if seq.prompt_tokens is None:
             _, n_prompt = self._encode(seq.text, seq.prompt_chars, seq.add_special_tokens)
@@ -130,7 +140,7 @@ class PairEncoder:
         return seq.prompt_tokens
 
     def _sequences_many(self, pairs: Sequence[NormalizedPair]) -> list[Any]:
-        """Per pair: [chosen _Sequence, rejected _Sequence], or the InvalidRow it raised."""
+        """Per pair: [chosen EncodedSequence, rejected EncodedSequence], or the InvalidRow it raised."""
         out: list[Any] = [None] * len(pairs)
         # (pair slot, texts) of each tokenizer call kind: plain text adds special tokens, a chat
         # render does not (the template writes its own).
@@ -143,8 +153,8 @@ class PairEncoder:
                 elif pair.kind == "text":
                     plain.append((i, pair.chosen, pair.rejected, pair.prompt_chars))
                 else:
-                    chosen = self._render(pair.chosen, pair, "chosen")
-                    rejected = self._render(pair.rejected, pair, "rejected")
+                    chosen = self.render(pair.chosen, pair, "chosen")
+                    rejected = self.render(pair.rejected, pair, "rejected")
                     n = min(len(chosen), len(rejected))
                     common = 0
                     while common < n and chosen[common] == rejected[common]:
@@ -154,12 +164,12 @@ class PairEncoder:
                 out[i] = bad
         for jobs, special in ((plain, True), (chat, False)):
             texts = [t for _, c, r, _ in jobs for t in (c, r)]
-            ids = self._batch_ids(texts, add_special_tokens=special)
+            ids = self.token_ids(texts, add_special_tokens=special)
             for k, (i, chosen, rejected, mark) in enumerate(jobs):
                 seqs = []
                 for text, seq_ids in ((chosen, ids[2 * k]), (rejected, ids[2 * k + 1])):
                     if special:
-                        seq = _Sequence(seq_ids, text, mark, True)
+                        seq = EncodedSequence(seq_ids, text, mark, True)
                         if (
                             self.append_eos
                             and self.eos_id is not None
@@ -167,7 +177,7 @@ class PairEncoder:
                         ):
                             seq_ids.append(int(self.eos_id))
                     else:
-                        seq = _Sequence(seq_ids, text, min(mark, len(text) - 1), False)
+                        seq = EncodedSequence(seq_ids, text, min(mark, len(text) - 1), False)
                         # The template writes its own special tokens: encoding it with
                         # add_special_tokens would give a second BOS. Add one only when the
                         # tokenizer wants it and the template left it out.
@@ -178,7 +188,7 @@ class PairEncoder:
                 out[i] = seqs
         return out
 
-    def _id_sequences(self, pair: NormalizedPair) -> list[_Sequence]:
+    def _id_sequences(self, pair: NormalizedPair) -> list[EncodedSequence]:
         for name, ids in (
             ("chosen_input_ids", pair.chosen),
             ("rejected_input_ids", pair.rejected),
@@ -191,17 +201,17 @@ class PairEncoder:
                     f"token ids must lie in [0, {self.vocab_size}), got {bad[0]}",
                 )
         return [
-            _Sequence(list(pair.chosen), None, 0, False, prompt_tokens=pair.prompt_tokens),
-            _Sequence(list(pair.rejected), None, 0, False, prompt_tokens=pair.prompt_tokens),
+            EncodedSequence(list(pair.chosen), None, 0, False, prompt_tokens=pair.prompt_tokens),
+            EncodedSequence(list(pair.rejected), None, 0, False, prompt_tokens=pair.prompt_tokens),
         ]
 
     # -- length policy ---------------------------------------------------------------------------
-    def _fit(self, seq: _Sequence, name: str) -> tuple[list[int], bool]:
+    def fit(self, seq: EncodedSequence, name: str) -> tuple[list[int], bool]:
         ids, limit = seq.ids, self.max_sequence_length
         if len(ids) <= limit:
             return ids, False
         if self.truncation_mode == "filter":
-            raise _Filtered()
+            raise FilteredPair()
         if self.truncation_mode == "keep_start":
             return ids[:limit], True
         n_prompt = self._prompt_tokens(seq)
@@ -215,7 +225,7 @@ class PairEncoder:
         return ids[:keep_bos] + ids[n_prompt - budget : n_prompt] + response, True
 
     def encode(self, pair: NormalizedPair) -> dict:
-        """Return the record of a pair, or raise InvalidRow / _Filtered.
+        """Return the record of a pair, or raise InvalidRow / FilteredPair.
 
         Returns:
           {"chosen_input_ids": int32 [Lc], "rejected_input_ids": int32 [Lr], "margin": float,
@@ -226,22 +236,24 @@ class PairEncoder:
             raise result
         return result
 
-    def encode_many(self, pairs: Sequence[NormalizedPair]) -> list[dict | InvalidRow | _Filtered]:
+    def encode_many(
+        self, pairs: Sequence[NormalizedPair]
+    ) -> list[dict | InvalidRow | FilteredPair]:
         """Records of many pairs (as `encode`), tokenized with one tokenizer call per kind.
 
-        A pair that `encode` would reject yields its InvalidRow / _Filtered in its slot instead.
+        A pair that `encode` would reject yields its InvalidRow / FilteredPair in its slot instead.
         """
-        out: list[dict | InvalidRow | _Filtered] = []
+        out: list[dict | InvalidRow | FilteredPair] = []
         for pair, seqs in zip(pairs, self._sequences_many(pairs), strict=True):
             if isinstance(seqs, InvalidRow):
                 out.append(seqs)
                 continue
             try:
-                c_ids, c_cut = self._fit(seqs[0], "chosen")
-                r_ids, r_cut = self._fit(seqs[1], "rejected")
+                c_ids, c_cut = self.fit(seqs[0], "chosen")
+                r_ids, r_cut = self.fit(seqs[1], "rejected")
                 if c_ids == r_ids:
-                    raise _Filtered("identical_after_truncation")
-            except (InvalidRow, _Filtered) as err:
+                    raise FilteredPair("identical_after_truncation")
+            except (InvalidRow, FilteredPair) as err:
                 out.append(err)
                 continue
             out.append(
@@ -255,7 +267,7 @@ class PairEncoder:
         return out
 
 
-class _Sequence:
+class EncodedSequence:
     """One tokenized response and what is needed to find its prompt boundary later.
 
     `prompt_tokens` is known for pre-tokenized rows; for text it is computed from `text` and
@@ -280,7 +292,7 @@ class _Sequence:
         )
 
 
-class _Filtered(Exception):
+class FilteredPair(Exception):
     """The length policy drops this pair (counted, never an error)."""
 
     def __init__(self, reason: str = "too_long"):
