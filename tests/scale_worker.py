@@ -272,7 +272,7 @@ def case_reshard() -> dict:
     )
     second_losses = recording(second)
     # Restore happens inside train(); look at the restored state through a one-off resume.
-    ckpt = second.configure_functions().checkpoint_manager
+    ckpt = second.checkpointer()
     restored_step = second._maybe_resume(ckpt)
     restored = leaves(second.state.params)
     restored_layout = layout(second.state.params)
@@ -327,7 +327,7 @@ def case_train_distributed() -> dict:
         model=tiny_model(),
         train_dataset=pairs(64),
     )
-    resumed = again._maybe_resume(again.configure_functions().checkpoint_manager)
+    resumed = again._maybe_resume(again.checkpointer())
     position = again.train_loader.get_state()["position"]
     positions = distributed.gather_json([position, trainer.train_loader.get_state()["position"]])
     return {
@@ -339,7 +339,7 @@ def case_train_distributed() -> dict:
         "eval_num_pairs": result.metrics["eval"]["heldout"]["num_pairs"],
         "eval_chosen": rewards["chosen"].tolist(),
         "eval_rejected": rewards["rejected"].tolist(),
-        "checkpoints": trainer.configure_functions().checkpoint_manager.steps(),
+        "checkpoints": trainer.checkpointer().steps(),
         "params": {k: v.ravel().tolist() for k, v in params.items()},
         "export_exists": (result.run_dir / "export" / "config.json").exists(),
         "resumed_step": resumed,

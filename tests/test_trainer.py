@@ -103,7 +103,7 @@ def test_ten_steps_equal_five_then_sigterm_then_resume_bitwise(tokenizer, tmp_pa
     first._functions = fns._replace(train_step=step_then_sigterm_at_five)
     interrupted = first.train()
     assert interrupted.stopped_early and interrupted.export_dir is None
-    assert first.configure_functions().checkpoint_manager.steps() == [5]
+    assert first.checkpointer().steps() == [5]
 
     second = rx.RewardTrainer(
         make_config(tmp_path, run_name="split", save_steps=100),
@@ -218,7 +218,7 @@ def test_nan_policy_error_stops_and_keeps_the_clean_checkpoint(tokenizer, tmp_pa
     )
     with pytest.raises(rx.NonFiniteError, match=r"step \d+"):
         trainer.train()
-    ckpt = trainer.configure_functions().checkpoint_manager
+    ckpt = trainer.checkpointer()
     assert ckpt.steps()  # earlier clean checkpoints are kept
     abstract = jax.tree.map(
         lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding),

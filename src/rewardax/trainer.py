@@ -60,7 +60,6 @@ class TrainerFunctions(NamedTuple):
     train_step: Any  # jitted (arrays, batch) -> (arrays, metrics)
     eval_step: Any  # jitted (arrays, batch) -> {"chosen": [B], "rejected": [B]}
     mesh: jax.sharding.Mesh
-    checkpoint_manager: TrainCheckpointer
 
 
 @dataclass
@@ -194,6 +193,7 @@ class RewardTrainer:
         self.model_config = self.state.model.config
         self.run_dir = Path(cfg.checkpoint.save_directory) / self.run_name()
         self._functions: TrainerFunctions | None = None
+        self._checkpointer: TrainCheckpointer | None = None
         self._stop_signal: int | None = None
 
     # ----------------------------------------------------------------------------------- setup
@@ -322,13 +322,18 @@ class RewardTrainer:
             in_shardings=(shardings, data),
             out_shardings=replicated(self.mesh),
         )
-        checkpointer = TrainCheckpointer(
-            self.run_dir / CHECKPOINT_SUBDIR,
-            max_to_keep=cfg.checkpoint.save_total_limit,
-            process_index=self.process_index,
-        )
-        self._functions = TrainerFunctions(jitted_train, jitted_eval, self.mesh, checkpointer)
+        self._functions = TrainerFunctions(jitted_train, jitted_eval, self.mesh)
         return self._functions
+
+    def checkpointer(self) -> TrainCheckpointer:
+        """The run's checkpoints (`<run>/checkpoints`), opened on first use."""
+        if self._checkpointer is None:
+            self._checkpointer = TrainCheckpointer(
+                self.run_dir / CHECKPOINT_SUBDIR,
+                max_to_keep=self.config.checkpoint.save_total_limit,
+                process_index=self.process_index,
+            )
+        return self._checkpointer
 
     # ------------------------------------------------- the reference API's collate functions
 
@@ -359,7 +364,7 @@ class RewardTrainer:
             raise ConfigError("RewardTrainer.train() needs a train_dataset")
         cfg = self.config
         fns = self.configure_functions()
-        ckpt = fns.checkpoint_manager
+        ckpt = self.checkpointer()
         start_step = self._maybe_resume(ckpt)
         self.run_dir.mkdir(parents=True, exist_ok=True)
         if self.process_index == 0:
