@@ -285,8 +285,9 @@ def test_reward_function_equals_score(work):
     close(chats, ref[40:44])
 
 
-def test_each_group_runs_the_smallest_program_that_holds_it(work):
-    """Rows per bucket program: 16, 4 and 1; any group size gives the offline rewards."""
+def test_rows_are_scored_longest_first_in_full_passes_on_the_smallest_program(work):
+    """Rows per bucket program: 16, 4 and 1. Sorted by length, a pass takes what the longest
+    row's bucket holds (not one pass per bucket); any batch gives the offline rewards."""
     from rewardax.serve import ServingModel
 
     model = ServingModel(
@@ -295,21 +296,37 @@ def test_each_group_runs_the_smallest_program_that_holds_it(work):
         max_batch_rows=16,
     )
     assert set(map(tuple, model.info()["buckets"].values())) == {(1, 4, 16)}
-    calls: list[tuple[int, int]] = []  # (program rows, sequences given) of each call
+    real = model.scorers
+    calls: list[tuple[int, int, list[int]]] = []  # (bucket, program rows, lengths given)
 
     class Program:
-        def __init__(self, batch_size):
-            self.batch_size = batch_size
+        def __init__(self, bucket, batch_size):
+            self.bucket, self.batch_size = bucket, batch_size
 
         def __call__(self, seqs):
-            calls.append((self.batch_size, len(seqs)))
-            return np.zeros(len(seqs))
+            calls.append((self.bucket, self.batch_size, [len(q) for q in seqs]))
+            return np.asarray([float(len(q)) for q in seqs])
 
-    ladder = [Program(1), Program(4), Program(16)]
-    for n, expected in ((1, [(1, 1)]), (3, [(4, 3)]), (5, [(16, 5)]), (20, [(16, 16), (4, 4)])):
+    model.scorers = {b: [Program(b, n) for n in (1, 4, 16)] for b in model.buckets}
+    lengths = [3, 17, 9, 30, 5, 12, 7, 25, 2, 14, 8, 11, 6, 19, 4, 10, 13, 1, 16, 15]
+    seqs = [np.zeros(n, np.int32) for n in lengths]
+    for n, expected in (
+        (1, [(model.bucket_of(3), 1, [3])]),
+        (3, [(model.bucket_of(17), 4, [17, 9, 3])]),
+        (5, [(model.bucket_of(30), 16, [30, 17, 9, 5, 3])]),
+        (
+            20,
+            [
+                (model.bucket_of(30), 16, sorted(lengths, reverse=True)[:16]),
+                (model.bucket_of(4), 4, [4, 3, 2, 1]),
+            ],
+        ),
+    ):
         calls.clear()
-        assert len(ServingModel._score_group(ladder, [np.zeros(2)] * n)) == n
+        # Each row's reward comes back in its own place (the fake reward is its length).
+        assert model.rewards(seqs[:n]).tolist() == lengths[:n]
         assert calls == expected, (n, calls)
+    model.scorers = real
     ref, texts = work["reference"], work["texts"]
     rows = [{"prompt": PROMPT, "response": t} for t in texts[:20]]
     ids = model.encode(rows)
