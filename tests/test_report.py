@@ -1,4 +1,8 @@
-"""The HTML report: files written, images that show something, links, escaping, atomic replace."""
+"""The HTML report: files written, images that show something, links, escaping, atomic replace.
+
+Over 500 lines: one report is built per module fixture and every section of it is checked here,
+so the fixtures and their checks stay together.
+"""
 
 import html
 import re

@@ -1,5 +1,9 @@
 """The report's HTML: tables, the run facts, before/after, misranked pairs, usage, one number format
-(`format_number`)."""
+(`format_number`).
+
+About 500 lines: each section of the page is one small function; they share the number format and
+the escaping, so they stay in one module.
+"""
 
 from __future__ import annotations
 
