@@ -170,6 +170,12 @@ def test_each_protocol_answers_its_shape_with_score_rewards(work):
     assert body["usage"]["prompt_tokens"] > 0
     status, _, body = request(port, "/classify", {"input": [1, 2, 3, 4, 5]}, key=KEY)
     close([body["data"][0]["probs"][0]], ref[-1:])
+    for i, row in enumerate(work["rows"][40:44]):  # vLLM's chat form: one conversation
+        status, _, body = request(port, "/classify", {"messages": row["messages"]}, key=KEY)
+        assert status == 200 and [d["index"] for d in body["data"]] == [0]
+        close([body["data"][0]["probs"][0]], ref[40 + i : 41 + i])
+    status, _, body = request(port, "/classify", {"messages": "not a conversation"}, key=KEY)
+    assert status == 422, body
 
     status, _, body = request(
         port, "/v1/score/evaluation", {"model": "rm", "messages": texts[20:]}, key=KEY

@@ -95,7 +95,8 @@ def _strings(value: Any, name: str) -> list[str]:
 
 
 def _classify_rows(value: Any) -> list[dict]:
-    """vLLM's `input`: a string, a list of strings, a list of ids, or a list of id lists."""
+    """vLLM's `input`: a string, a list of strings, a list of ids, or a list of id lists (its chat
+    form, `messages` instead of `input`, is read by `classify`)."""
     if isinstance(value, str):
         return [{"text": value}]
     if isinstance(value, list) and value and all(isinstance(v, int) for v in value):
@@ -193,7 +194,12 @@ def build_app(
         return {"rewards": rewards, "scores": rewards, "extra_logs": {}}
 
     async def classify(payload: Any) -> dict:
-        rows = _classify_rows(_field(payload, "input"))
+        if isinstance(payload, dict) and "messages" in payload and "input" not in payload:
+            # vLLM's chat form: one conversation, rendered with the model's chat template as a
+            # `messages` row of `rewardax score` (and of training) is.
+            rows = [{"messages": payload["messages"]}]
+        else:
+            rows = _classify_rows(_field(payload, "input"))
         rewards, tokens = await rewards_of(rows)
         return {
             "id": f"classify-{uuid.uuid4().hex}",
