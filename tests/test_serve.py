@@ -338,3 +338,49 @@ def test_rows_are_scored_longest_first_in_full_passes_on_the_smallest_program(wo
     ids = model.encode(rows)
     for n in (1, 3, 5, 20):
         close(model.rewards(ids[:n]), ref[:n])
+
+
+def test_clients_answered_together_are_batched_together_again():
+    """Closed-loop clients (each sends its next request once answered, a few ms later, one after
+    another) keep meeting in one full pass; a fixed 3 ms window split them into a large and a
+    tiny pass forever."""
+    import asyncio
+
+    from rewardax.serve.batcher import Batcher
+
+    class FakeModel:
+        def __init__(self):
+            self.passes: list[int] = []
+
+        def encode(self, rows):
+            return [np.zeros(4, np.int32) for _ in rows]
+
+        def bucket_of(self, length):
+            return 8
+
+        def rewards(self, sequences):
+            self.passes.append(len(sequences))
+            time.sleep(0.1)  # a forward pass
+            return np.zeros(len(sequences))
+
+    async def run(clients: int, rounds: int) -> tuple[list[int], float]:  # passes, seconds
+        model = FakeModel()
+        batcher = Batcher(model, max_batch_tokens=1 << 20, max_wait_s=0.003, max_queue_rows=1000)
+        batcher.start()
+
+        async def client(i: int) -> None:
+            for _ in range(rounds):
+                await batcher.score([{"text": "x"}])
+                await asyncio.sleep(0.001 * (i + 1))  # answers reach clients one by one
+
+        start = time.perf_counter()
+        await asyncio.gather(*(client(i) for i in range(clients)))
+        wall = time.perf_counter() - start
+        await batcher.stop()
+        return model.passes, wall
+
+    passes, _ = asyncio.run(run(clients=8, rounds=6))
+    assert sum(passes) == 48
+    assert passes[1:] == [8] * 5, passes  # after the first pass, every pass holds all 8
+    passes, _ = asyncio.run(run(clients=1, rounds=5))
+    assert passes == [1] * 5

@@ -2,9 +2,10 @@
 
 Each request's rows are encoded in one worker thread (the tokenizer is not shared between
 threads), queued with a future, and a single gathering task takes what is queued, waits up to
-`max_wait_s` for more while the batch holds fewer than `max_batch_tokens` padded tokens, runs the
-model in another thread (the event loop keeps accepting requests meanwhile) and resolves each
-future with its own rows' rewards, in order. Admission is bounded in rows: past `max_queue_rows`
+`max_wait_s` for more while the batch holds fewer than `max_batch_tokens` padded tokens (longer
+when it holds under a quarter of the last pass's rows: the clients that pass answered are coming
+back), runs the model in another thread (the event loop keeps accepting requests meanwhile) and
+resolves each future with its own rows' rewards, in order. Admission is bounded in rows: past `max_queue_rows`
 waiting or running, a request is refused (`QueueFull`, answered 503 with Retry-After), so memory
 stays bounded whatever the load.
 """
@@ -18,6 +19,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
+
+# The longest a small batch waits for the clients of the last pass to come back.
+CATCH_UP_MAX_S = 0.25
 
 
 class QueueFull(Exception):
@@ -56,6 +60,7 @@ class Batcher:
         self._model_pool = ThreadPoolExecutor(1, thread_name_prefix="rewardax-model")
         self._queue: asyncio.Queue[_Item] | None = None
         self._task: asyncio.Task | None = None
+        self._last_rows, self._last_pass_s = 0, 0.0  # the last forward pass: rows, seconds
 
     def start(self) -> None:
         self._queue = asyncio.Queue()
@@ -92,35 +97,43 @@ class Batcher:
         loop = asyncio.get_running_loop()
         while True:
             batch = [await self._queue.get()]
-            tokens = batch[0].cost
-            deadline = loop.time() + self.max_wait_s
+            rows, tokens = len(batch[0].sequences), batch[0].cost
+            # A pass answers many clients at once and they come back one by one, a few ms
+            # apart. A batch under a quarter of the last pass's rows waits for them (until it is
+            # as large, for a quarter of that pass's time and at most CATCH_UP_MAX_S) instead of
+            # running alone and splitting the clients into a large and a tiny pass ever after.
+            catch_up = 4 * rows <= self._last_rows
+            wait = min(self._last_pass_s / 4, CATCH_UP_MAX_S) if catch_up else 0.0
+            cutoff = loop.time() + max(wait, self.max_wait_s)
             while tokens < self.max_batch_tokens:
-                try:
-                    if self._queue.empty():
-                        timeout = deadline - loop.time()
-                        if timeout <= 0:
-                            break
+                if self._queue.empty():
+                    timeout = cutoff - loop.time()
+                    if timeout <= 0 or (catch_up and rows >= self._last_rows):
+                        break
+                    try:
                         item = await asyncio.wait_for(self._queue.get(), timeout)
-                    else:
-                        item = self._queue.get_nowait()
-                except TimeoutError:
-                    break
+                    except TimeoutError:
+                        break
+                else:
+                    item = self._queue.get_nowait()
                 batch.append(item)
+                rows += len(item.sequences)
                 tokens += item.cost
             await self._run(batch)
 
     async def _run(self, batch: list[_Item]) -> None:
         sequences = [s for item in batch for s in item.sequences]
+        loop = asyncio.get_running_loop()
+        start = loop.time()
         try:
-            rewards = await asyncio.get_running_loop().run_in_executor(
-                self._model_pool, self.model.rewards, sequences
-            )
+            rewards = await loop.run_in_executor(self._model_pool, self.model.rewards, sequences)
         except Exception as error:  # handed to each waiting request, which answers 500
             for item in batch:
                 if not item.future.done():
                     item.future.set_exception(error)
             return
         self.stats["batches"] += 1
+        self._last_rows, self._last_pass_s = len(sequences), loop.time() - start
         start = 0
         for item in batch:
             end = start + len(item.sequences)
