@@ -182,3 +182,39 @@ def test_an_unexpected_error_while_finding_the_prompt_propagates(tokenizer, monk
     encoder = ResponseEncoder(tokenizer, DataConfig(max_sequence_length=512))
     with pytest.raises(RuntimeError, match="not a template error"):
         encoder.encode(_CHAT_ROW, "row 0")
+
+
+def bos_adding_tokenizer():
+    """A word-level fast tokenizer that adds BOS to every text, as Llama 3's does."""
+    from tokenizers import Tokenizer, models, pre_tokenizers, processors
+    from transformers import PreTrainedTokenizerFast
+
+    words = ["a", "b", "c", "d", "e", "f", "g", "h"]
+    vocab = {"<unk>": 0, "<s>": 1, "</s>": 2, **{w: i + 3 for i, w in enumerate(words)}}
+    tok = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    tok.add_special_tokens(["<s>", "</s>"])
+    tok.post_processor = processors.TemplateProcessing(single="<s> $A", special_tokens=[("<s>", 1)])
+    return PreTrainedTokenizerFast(
+        tokenizer_object=tok, bos_token="<s>", eos_token="</s>", unk_token="<unk>", pad_token="</s>"
+    )
+
+
+@pytest.mark.parametrize("max_len", [64, 6])
+def test_a_text_that_starts_with_bos_gets_no_second_one(max_len):
+    """An RL framework's query is a chat render, BOS included, sent as text: it is encoded with one
+    BOS (as the same conversation given as messages is), in scoring and in training alike, and
+    keep_end still cuts the prompt after that BOS."""
+    tokenizer = bos_adding_tokenizer()
+    assert tokenizer("a b").input_ids == [1, 3, 4]
+    config = DataConfig(max_sequence_length=max_len)
+    encoder = ResponseEncoder(tokenizer, config)
+    plain = {"prompt": "a b c d e ", "response": "f g"}
+    rendered = {"prompt": "<s>a b c d e ", "response": "f g"}
+    want = [1, 3, 4, 5, 6, 7, 8, 9, 2] if max_len == 64 else [1, 6, 7, 8, 9, 2]  # BOS ... g EOS
+    assert encoder.encode(plain, "row 0").tolist() == want
+    assert encoder.encode(rendered, "row 1").tolist() == want
+    assert encoder.encode({"text": "<s>a b c d e f g"}, "row 2").tolist() == want
+    for row in (plain, rendered):
+        pair = {"prompt": row["prompt"], "chosen": "f g", "rejected": "h"}
+        assert training_ids(tokenizer, pair, config) == want

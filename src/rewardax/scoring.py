@@ -64,9 +64,10 @@ class ResponseEncoder:
     def _text_sequence(self, text: str, prompt_chars: int) -> EncodedSequence:
         enc = self.encoder
         ids = enc.token_ids([text], add_special_tokens=True)[0]
-        if enc.append_eos and enc.eos_id is not None and (not ids or ids[-1] != enc.eos_id):
-            ids.append(int(enc.eos_id))
-        return EncodedSequence(ids, text, prompt_chars, True)
+        seq = enc.single_bos(EncodedSequence(ids, text, prompt_chars, True))
+        if enc.append_eos and enc.eos_id is not None and (not seq.ids or seq.ids[-1] != enc.eos_id):
+            seq.ids.append(int(enc.eos_id))
+        return seq
 
     def _chat_sequence(self, messages: list[dict], row: dict) -> EncodedSequence:
         enc = self.encoder
@@ -106,7 +107,7 @@ class ResponseEncoder:
         # and the template left it out (the training rule).
         if enc.adds_bos and (not ids or ids[0] != enc.bos_id):
             seq.ids = [int(enc.bos_id), *ids]
-            seq.bos_added = True
+            seq.bos_shift = 1
         return seq
 
     def encode(self, row: Any, where: str) -> np.ndarray:

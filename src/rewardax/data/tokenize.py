@@ -132,11 +132,23 @@ class PairEncoder:
         )
         return enc["input_ids"]  # fresh lists, ours to extend
 
+    def single_bos(self, seq: EncodedSequence) -> EncodedSequence:
+        """`seq` (a text encoded with add_special_tokens) with one BOS where the text itself
+        started with the BOS token: a chat render sent as text (an RL framework's query) is then
+        encoded as the same conversation given as messages is, not with a second BOS."""
+        ids = seq.ids
+        if self.adds_bos and len(ids) >= 2 and ids[0] == ids[1] == self.bos_id:
+            seq.ids = ids[1:]
+            seq.bos_shift = -1
+        return seq
+
     def _prompt_tokens(self, seq: EncodedSequence) -> int:
         """How many leading tokens of `seq` are prompt (computed only when truncation needs it)."""
         if seq.prompt_tokens is None:
             _, n_prompt = self._encode(seq.text, seq.prompt_chars, seq.add_special_tokens)
-            seq.prompt_tokens = n_prompt + (1 if seq.bos_added else 0)
+            seq.prompt_tokens = n_prompt + seq.bos_shift
+            if seq.bos_shift < 0:  # the text's own BOS, kept, is prompt as the added one was
+                seq.prompt_tokens = max(seq.prompt_tokens, 1)
         return seq.prompt_tokens
 
     def _sequences_many(self, pairs: Sequence[NormalizedPair]) -> list[Any]:
@@ -169,7 +181,8 @@ class PairEncoder:
                 seqs = []
                 for text, seq_ids in ((chosen, ids[2 * k]), (rejected, ids[2 * k + 1])):
                     if special:
-                        seq = EncodedSequence(seq_ids, text, mark, True)
+                        seq = self.single_bos(EncodedSequence(seq_ids, text, mark, True))
+                        seq_ids = seq.ids
                         if (
                             self.append_eos
                             and self.eos_id is not None
@@ -183,7 +196,7 @@ class PairEncoder:
                         # tokenizer wants it and the template left it out.
                         if self.adds_bos and (not seq_ids or seq_ids[0] != self.bos_id):
                             seq.ids = [int(self.bos_id), *seq_ids]
-                            seq.bos_added = True
+                            seq.bos_shift = 1
                     seqs.append(seq)
                 out[i] = seqs
         return out
@@ -274,7 +287,7 @@ class EncodedSequence:
     `prompt_chars` only when keep_end must cut the prompt (offsets cost time and are rarely used).
     """
 
-    __slots__ = ("add_special_tokens", "bos_added", "ids", "prompt_chars", "prompt_tokens", "text")
+    __slots__ = ("add_special_tokens", "bos_shift", "ids", "prompt_chars", "prompt_tokens", "text")
 
     def __init__(
         self,
@@ -285,11 +298,10 @@ class EncodedSequence:
         prompt_tokens: int | None = None,
     ):
         self.ids, self.text, self.prompt_chars = ids, text, prompt_chars
-        self.add_special_tokens, self.prompt_tokens, self.bos_added = (
-            add_special_tokens,
-            prompt_tokens,
-            False,
-        )
+        self.add_special_tokens, self.prompt_tokens = add_special_tokens, prompt_tokens
+        # BOS tokens added (+1) or removed (-1) after encoding `text`: the prompt boundary found
+        # by re-encoding the text moves by as many.
+        self.bos_shift = 0
 
 
 class FilteredPair(Exception):
