@@ -93,9 +93,8 @@ def describe_error(error: pydantic.ValidationError, section: str, fields: dict[s
         value, kind = item.get("input"), item["type"]
         tp = fields[name].annotation if name in fields else Any
         if kind == "literal_error":
-            choices = _choices(tp) or tuple(typing.get_args(tp))
-            if len(loc) > 1:  # an item of a list of choices
-                choices = tuple(typing.get_args(typing.get_args(tp)[0]))
+            # The field's choices, or its items' for a list of choices (loc names the item).
+            choices = _choices(typing.get_args(tp)[0] if len(loc) > 1 else tp)
             close = difflib.get_close_matches(
                 str(value), [str(c) for c in choices], n=1, cutoff=0.5
             )
