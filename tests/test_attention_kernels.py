@@ -264,6 +264,7 @@ def _count_primitives(jaxpr, name: str) -> int:
     return sum(e.primitive.name == name for e in _equations(jaxpr))
 
 
+@pytest.mark.slow
 def test_save_attention_remat_runs_no_second_attention_forward():
     """remat "save_attention" keeps the splash kernel's output and residuals: the gradient's
     program has one forward kernel per layer where "full" has two (forward and recompute), and

@@ -25,6 +25,9 @@ import rewardax as rx
 from data_fixtures import smollm2_tokenizer, tiny_llama
 from rewardax.logging import read_metrics
 
+# Left out of `make test`, run by `make test-slow`: trains and exports from an old run's checkpoint.
+pytestmark = pytest.mark.slow
+
 FIXTURE = json.loads((Path(__file__).parent / "fixtures" / "checkpoint_c931687.json").read_text())
 TRAIN = str(resources.files("rewardax") / "assets" / "vader_movie_pairs.train.jsonl")
 

@@ -131,6 +131,7 @@ def test_train_writes_the_run_and_ends_with_one_json_line(work):
     assert str(run / "export") in page and "rewardax score --model" in page
 
 
+@pytest.mark.slow
 def test_eval_report_and_accuracy_match_independent_rewards(work, tokenizer, capsys):
     export, report = work["run"] / "export", work["tmp"] / "report"
     code, out, _ = run_main(

@@ -17,6 +17,9 @@ import pytest
 import rewardax as rx
 from data_fixtures import smollm2_tokenizer, tiny_llama
 
+# Left out of `make test`, run by `make test-slow`: runs the console scripts as subprocesses with torch blocked.
+pytestmark = pytest.mark.slow
+
 RX = Path(sys.executable).parent / "rewardax"
 ASSETS = resources.files("rewardax") / "assets"
 MAX_LENGTH = 32

@@ -36,6 +36,9 @@ from fault_fixtures import (
     wait_until,
 )
 
+# Left out of `make test`, run by `make test-slow`: kills, signals and fills the disk under real training processes.
+pytestmark = pytest.mark.slow
+
 ALL_STEPS = list(range(1, TOTAL_STEPS + 1))
 THROTTLE = ["--throttle", "0.05"]  # 24 steps then take >= 1.2 s: a signal lands mid-run
 

@@ -182,6 +182,7 @@ def tiny_model_dir(tmp_path_factory):
 @pytest.mark.skipif(
     not sys.platform.startswith("linux"), reason="the settings are glibc's (Linux only)"
 )
+@pytest.mark.slow
 def test_only_the_command_changes_malloc(tiny_model_dir, tmp_path):
     env = {**os.environ, hostmem.ENV_SWITCH: "1", "JAX_PLATFORMS": "cpu"}
     train = tmp_path / "train.jsonl"

@@ -80,6 +80,7 @@ def tokenizer():
     return smollm2_tokenizer()
 
 
+@pytest.mark.slow
 def test_lora_trains_only_adapters_and_head_and_exports_a_plain_model(tokenizer, tmp_path):
     with open(TRAIN, encoding="utf-8") as f:
         rows = [json.loads(line) for _, line in zip(range(32), f, strict=False)]

@@ -27,6 +27,7 @@ def test_unpermute_inverts_llama_cpp_permutation():
     np.testing.assert_array_equal(unpermute_qk(permuted, heads), w)
 
 
+@pytest.mark.slow
 @needs_smollm2
 def test_smollm2_gguf_matches_transformers_gguf_loader():
     torch = pytest.importorskip("torch")

@@ -295,6 +295,7 @@ def test_scanned_layers_equal_unrolled_layers(monkeypatch):
         np.testing.assert_allclose(a / scale, b / scale, atol=1e-5, rtol=0)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("side", ["right", "left"])
 def test_query_blocks_equal_one_block(monkeypatch, side):
     """Rows longer than ATTENTION_QUERY_BLOCK are attended block by block, each block against the

@@ -19,6 +19,9 @@ from rewardax.config import DistributedSection, RewardConfig
 from rewardax.errors import ConfigError
 from rewardax.sharding import batch_sharding, make_mesh
 
+# Left out of `make test`, run by `make test-slow`: trains in several jax.distributed processes.
+pytestmark = pytest.mark.slow
+
 WORKER = Path(__file__).with_name("scale_worker.py")
 TIMEOUT = 600
 
@@ -140,7 +143,6 @@ def runs(tmp_path_factory):
     )
 
 
-@pytest.mark.slow
 def test_two_processes_train_like_one_process_with_the_same_devices(runs):
     single, multi = runs
     assert (single["process_count"], single["device_count"]) == (1, 4)
@@ -153,7 +155,6 @@ def test_two_processes_train_like_one_process_with_the_same_devices(runs):
         np.testing.assert_allclose(multi["params"][key], single["params"][key], atol=1e-4)
 
 
-@pytest.mark.slow
 def test_two_processes_evaluate_every_pair_once_checkpoint_and_resume(runs):
     single, multi = runs
     # 13 pairs: one process reads 7 rows, the other 6, in batches of 2 (the last ones padded).

@@ -167,6 +167,7 @@ def test_common_prefix_keeps_a_token_per_response():
     assert row_ladder(9, multiple=4) == (4, 8, 12)
 
 
+@pytest.mark.slow
 def test_rewards_loss_and_update_equal_padded(records, tokenizer):
     state = tiny_state(tokenizer)
     batches = layouts(records[:14], tokenizer.pad_token_id, 16)  # 2 padding pairs

@@ -14,6 +14,9 @@ import pytest
 from rewardax.config import RewardConfig
 from rewardax.plan import GIB, alternatives
 
+# Left out of `make test`, run by `make test-slow`: compiles train steps for TPU slices with libtpu.
+pytestmark = pytest.mark.slow
+
 ROOT = Path(__file__).resolve().parents[1]
 RX = Path(sys.executable).parent / "rewardax"
 LIBTPU = Path(os.environ.get("REWARDAX_LIBTPU_DIR", ROOT / ".venv" / "libtpu"))

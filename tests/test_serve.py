@@ -150,6 +150,7 @@ def close(got, want):
     np.testing.assert_allclose(np.asarray(got, dtype=np.float64), want, rtol=0, atol=1e-4)
 
 
+@pytest.mark.slow
 def test_each_protocol_answers_its_shape_with_score_rewards(work):
     port, ref, texts = work["port"], work["reference"], work["texts"]
     text_ref = ref[20:40]  # rows 20..39 are {"text": t} rows of texts[20:]
@@ -195,6 +196,7 @@ def test_each_protocol_answers_its_shape_with_score_rewards(work):
     assert info["max_sequence_length"] == int(MAX_LENGTH)
 
 
+@pytest.mark.slow
 def test_key_required_and_compared(work):
     port = work["port"]
     body = {"rows": work["rows"][:1]}
@@ -207,6 +209,7 @@ def test_key_required_and_compared(work):
     assert request(port, "/health")[0] == 200
 
 
+@pytest.mark.slow
 def test_bad_requests_get_json_errors_and_the_server_lives(work):
     port = work["port"]
     cases = [
@@ -233,6 +236,7 @@ def test_bad_requests_get_json_errors_and_the_server_lives(work):
     assert request(port, "/health")[0] == 200
 
 
+@pytest.mark.slow
 def test_200_concurrent_requests_each_get_their_own_rows(work):
     """Requests of 1-3 rows at once: every answer holds its own rows' rewards, in order, equal to
     the offline ones whatever batch they were gathered into."""
@@ -250,6 +254,7 @@ def test_200_concurrent_requests_each_get_their_own_rows(work):
         close(body["rewards"], ref[index])
 
 
+@pytest.mark.slow
 def test_sigterm_drains_in_flight_requests_then_exits_0(work):
     (proc, port), rows, ref = work["drain"], work["rows"], work["reference"]
     with ThreadPoolExecutor(16) as pool:
@@ -276,6 +281,7 @@ def test_sigterm_drains_in_flight_requests_then_exits_0(work):
     assert summary["command"] == "serve" and summary["requests"] >= 16
 
 
+@pytest.mark.slow
 def test_reward_function_equals_score(work):
     ref, texts = work["reference"], work["texts"]
     reward = rx.reward_function(
@@ -291,6 +297,7 @@ def test_reward_function_equals_score(work):
     close(chats, ref[40:44])
 
 
+@pytest.mark.slow
 def test_rows_are_scored_longest_first_in_full_passes_on_the_smallest_program(work):
     """Rows per bucket program: 16, 4 and 1. Sorted by length, a pass takes what the longest
     row's bucket holds (not one pass per bucket); any batch gives the offline rewards."""

@@ -21,6 +21,9 @@ from rewardax import RewardConfig
 from rewardax.errors import ConfigError
 from rewardax.sharding import LOGICAL_AXIS_RULES, MESH_AXES, logical_to_mesh_spec, make_mesh
 
+# Left out of `make test`, run by `make test-slow`: trains on meshes of 8 host devices against one device.
+pytestmark = pytest.mark.slow
+
 WORKER = Path(__file__).with_name("scale_worker.py")
 
 

@@ -74,6 +74,7 @@ def poison_steps(trainer, calls: set[int]) -> list[list[np.ndarray]]:
     return outputs
 
 
+@pytest.mark.slow
 def test_ten_steps_equal_five_then_sigterm_then_resume_bitwise(tokenizer, tmp_path, capsys):
     data = rows(TRAIN, 64)
     straight = rx.RewardTrainer(
@@ -273,6 +274,7 @@ def test_nan_policy_skip_step_counts_and_finishes(tokenizer, tmp_path):
     assert all(np.isfinite(p).all() for p in params_of(trainer))
 
 
+@pytest.mark.slow
 def test_save_final_false_ends_with_the_export_and_no_checkpoint(tokenizer, tmp_path, monkeypatch):
     """save_final=false writes nothing to resume from (save_steps null) and the same model."""
     import rewardax.steps
@@ -380,6 +382,7 @@ def test_dropout_of_a_passed_model_is_applied_in_the_train_step(tokenizer, tmp_p
     assert loss_with_rng(1) != loss_with_rng(2)
 
 
+@pytest.mark.slow
 def test_offloaded_optimizer_state_trains_and_resumes_to_the_same_weights(tokenizer, tmp_path):
     """optim.offload_state keeps Adam's moments in host memory between steps (CPU: the
     `pinned_host` memory kind) and changes no value: 6 steps give the on-device run's weights bit
@@ -415,6 +418,7 @@ def test_offloaded_optimizer_state_trains_and_resumes_to_the_same_weights(tokeni
         np.testing.assert_array_equal(a, b)
 
 
+@pytest.mark.slow
 def test_offloaded_parameters_train_like_bf16_compute_on_the_device(tokenizer, tmp_path):
     """optim.offload_params keeps the float32 parameters in host memory and runs the forward and
     backward pass on a bfloat16 copy made on the device each step: the same arithmetic as
