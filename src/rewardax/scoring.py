@@ -64,10 +64,7 @@ class ResponseEncoder:
     def _text_sequence(self, text: str, prompt_chars: int) -> EncodedSequence:
         enc = self.encoder
         ids = enc.token_ids([text], add_special_tokens=True)[0]
-        seq = enc.single_bos(EncodedSequence(ids, text, prompt_chars, True))
-        if enc.append_eos and enc.eos_id is not None and (not seq.ids or seq.ids[-1] != enc.eos_id):
-            seq.ids.append(int(enc.eos_id))
-        return seq
+        return enc.plain_sequence(ids, text, prompt_chars)
 
     def _chat_sequence(self, messages: list[dict], row: dict) -> EncodedSequence:
         enc = self.encoder
@@ -102,13 +99,7 @@ class ResponseEncoder:
         while common < min(len(head), len(full)) and head[common] == full[common]:
             common += 1
         ids = enc.token_ids([full], add_special_tokens=False)[0]
-        seq = EncodedSequence(ids, full, min(common, len(full) - 1), False)
-        # The template writes its own special tokens; add a BOS only when the tokenizer wants one
-        # and the template left it out (the training rule).
-        if enc.adds_bos and (not ids or ids[0] != enc.bos_id):
-            seq.ids = [int(enc.bos_id), *ids]
-            seq.bos_shift = 1
-        return seq
+        return enc.rendered_sequence(ids, full, common)  # the training rule
 
     def encode(self, row: Any, where: str) -> np.ndarray:
         """Token ids int32 [L] of one row (L <= max_sequence_length); DataError naming `where`."""

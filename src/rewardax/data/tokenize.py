@@ -132,6 +132,28 @@ class PairEncoder:
         )
         return enc["input_ids"]  # fresh lists, ours to extend
 
+    def plain_sequence(self, ids: list[int], text: str, prompt_chars: int) -> EncodedSequence:
+        """The sequence of a plain text encoded with add_special_tokens (`ids`): one BOS
+        (`single_bos`), and EOS appended when `append_eos` and it does not end with one."""
+        seq = self.single_bos(EncodedSequence(ids, text, prompt_chars, True))
+        if (
+            self.append_eos
+            and self.eos_id is not None
+            and (not seq.ids or seq.ids[-1] != self.eos_id)
+        ):
+            seq.ids.append(int(self.eos_id))
+        return seq
+
+    def rendered_sequence(self, ids: list[int], text: str, prompt_chars: int) -> EncodedSequence:
+        """The sequence of a chat render encoded without special tokens (`ids`). The template
+        writes its own; encoding it with add_special_tokens would give a second BOS, so one is
+        added only when the tokenizer wants it and the template left it out."""
+        seq = EncodedSequence(ids, text, min(prompt_chars, len(text) - 1), False)
+        if self.adds_bos and (not ids or ids[0] != self.bos_id):
+            seq.ids = [int(self.bos_id), *ids]
+            seq.bos_shift = 1
+        return seq
+
     def single_bos(self, seq: EncodedSequence) -> EncodedSequence:
         """`seq` (a text encoded with add_special_tokens) with one BOS where the text itself
         started with the BOS token: a chat render sent as text (an RL framework's query) is then
@@ -181,22 +203,9 @@ class PairEncoder:
                 seqs = []
                 for text, seq_ids in ((chosen, ids[2 * k]), (rejected, ids[2 * k + 1])):
                     if special:
-                        seq = self.single_bos(EncodedSequence(seq_ids, text, mark, True))
-                        seq_ids = seq.ids
-                        if (
-                            self.append_eos
-                            and self.eos_id is not None
-                            and (not seq_ids or seq_ids[-1] != self.eos_id)
-                        ):
-                            seq_ids.append(int(self.eos_id))
+                        seq = self.plain_sequence(seq_ids, text, mark)
                     else:
-                        seq = EncodedSequence(seq_ids, text, min(mark, len(text) - 1), False)
-                        # The template writes its own special tokens: encoding it with
-                        # add_special_tokens would give a second BOS. Add one only when the
-                        # tokenizer wants it and the template left it out.
-                        if self.adds_bos and (not seq_ids or seq_ids[0] != self.bos_id):
-                            seq.ids = [int(self.bos_id), *seq_ids]
-                            seq.bos_shift = 1
+                        seq = self.rendered_sequence(seq_ids, text, mark)
                     seqs.append(seq)
                 out[i] = seqs
         return out
