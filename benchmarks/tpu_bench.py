@@ -111,6 +111,8 @@ class Job:
     param_dtype: str = "float32"
     remat: str = "full"
     tiles: dict | None = None  # splash tiles, `Kernels` fields; None: the attention bench's best
+    optim: dict = dataclasses.field(default_factory=dict)  # optim settings, e.g. offload_state
+    lora_rank: int = 0  # LoRA adapters (frozen base: 4 x params per token in the MFU)
 
 
 # In priority order (the budget cuts the tail): issue 28's targets, old vs new, then the rest.
@@ -161,6 +163,40 @@ TUNE_JOBS = [
     Job("qwen2.5-1.5b", 2048, "pallas", (2, 1), param_dtype="bfloat16", remat="save_attention"),
     Job("qwen2.5-0.5b", 2048, "pallas", (8,)),
     Job("smollm2-135m", 512, "pallas", (32, 16), remat="save_attention"),
+]
+# `--set offload`: host-offloaded optimizer state and master weights (issue #29's settings) and
+# LoRA, measured on the chip; remat none at 512 tokens for both kernel formulations.
+OFFLOAD_JOBS = [
+    Job(
+        "qwen2.5-1.5b",
+        2048,
+        "pallas",
+        (2, 1),
+        remat="full",
+        optim=dict(offload_state=True, offload_params=True),
+    ),
+    Job(
+        "qwen2.5-0.5b",
+        2048,
+        "pallas",
+        (8, 4),
+        remat="save_attention",
+        optim=dict(offload_state=True),
+    ),
+    Job(
+        "qwen2.5-1.5b",
+        2048,
+        "pallas",
+        (4, 2, 1),
+        param_dtype="bfloat16",
+        remat="save_attention",
+        lora_rank=16,
+    ),
+    Job("qwen2.5-0.5b", 512, "pallas", (16, 8), remat="none"),
+    Job("qwen2.5-0.5b", 512, "cpu", (16, 8), remat="none"),
+    Job("qwen2.5-0.5b", 2048, "pallas", (4, 2), remat="none", optim=dict(offload_state=True)),
+    Job("smollm2-135m", 512, "pallas", (32, 16), remat="none"),
+    Job("smollm2-135m", 512, "cpu", (32, 16), remat="none"),
 ]
 TINY_JOBS = [
     Job("qwen2.5-0.5b", 256, "pallas", (4, 2)),
@@ -240,7 +276,7 @@ class Recorder:
                 continue
             lines.append(
                 f"| {r.get('shape')} | {r.get('T')} | {r.get('kernels')} | {r.get('attention', '')} | "
-                f"{r.get('remat', '')} | {r.get('param_dtype', '')} | {r.get('pairs', '')} | {_f(r.get('compile_s'))} | {_f(r.get('step_s'), 3)} | "
+                f"{r.get('remat', '')} | {_state(r)} | {r.get('pairs', '')} | {_f(r.get('compile_s'))} | {_f(r.get('step_s'), 3)} | "
                 f"{_f(r.get('pairs_per_s'))} | {_f(r.get('tokens_per_s'), 0)} | "
                 f"{_pct(r.get('mfu'))} | {_f(r.get('hbm_gib'))} | {r.get('status')} |"
             )
@@ -258,6 +294,14 @@ class Recorder:
                 f"{_f(r.get('hbm_gib'))} | {r.get('status')} |"
             )
         return "\n".join(lines) + "\n"
+
+
+def _state(row: dict) -> str:
+    """The params column: their dtype, then offload and LoRA settings when set."""
+    extra = [k for k, v in (row.get("optim") or {}).items() if v]
+    if row.get("lora_rank"):
+        extra.append(f"LoRA r{row['lora_rank']}")
+    return " + ".join([str(row.get("param_dtype", "")), *extra])
 
 
 def _f(x: Any, digits: int = 1) -> str:
@@ -438,6 +482,8 @@ def train_job(job: Job, kernels: Kernels, args, rec: Recorder, workdir: str) -> 
         "param_dtype": job.param_dtype,
         "remat": job.remat,
         "device": jax.devices()[0].device_kind,
+        **({"optim": job.optim} if job.optim else {}),
+        **({"lora_rank": job.lora_rank} if job.lora_rank else {}),
     }
     chosen = kernels if job.kernels == "pallas" else select_kernels(job.kernels)
     if job.tiles is not None and chosen.attention == "splash":
@@ -458,7 +504,8 @@ def train_job(job: Job, kernels: Kernels, args, rec: Recorder, workdir: str) -> 
                 kernels=chosen,
                 rngs=nnx.Rngs(0),
             )
-            per_token = 6.0 * non_embedding_params(model) + 12.0 * (
+            per_param = 4.0 if job.lora_rank else 6.0  # a frozen base has no weight gradients
+            per_token = per_param * non_embedding_params(model) + 12.0 * (
                 config.num_hidden_layers * config.hidden_size * job.length
             )
             trainer = rx.RewardTrainer(
@@ -471,6 +518,11 @@ def train_job(job: Job, kernels: Kernels, args, rec: Recorder, workdir: str) -> 
                     progress_bar=False,
                     run_name="tpu_bench",
                     mesh={"dp": 1, "fsdp": -1, "tp": 1},
+                    dtype="bfloat16",
+                    param_dtype=job.param_dtype,
+                    remat_policy=job.remat,
+                    lora_rank=job.lora_rank,
+                    **job.optim,
                 ),
                 None,  # no tokenizer: batches are made here, nothing is saved
                 model=model,
@@ -549,7 +601,7 @@ def main() -> None:
     parser.add_argument(
         "--set",
         default="kernels",
-        choices=("kernels", "remat", "remat2", "tune"),
+        choices=("kernels", "remat", "remat2", "tune", "offload"),
         help="which job list to run",
     )
     parser.add_argument("--out", default=os.environ.get("OUT") or "tpu_bench_out")
@@ -571,6 +623,8 @@ def main() -> None:
     kernels = select_kernels("pallas")
     if args.set in ("remat", "remat2"):  # the kernels run's best (benchmarks/README.md, 12-05)
         kernels = dataclasses.replace(kernels, block_q=512, block_kv=512, fused_backward=True)
+    elif args.set == "offload":  # the model's default tiles (tuned by `--set tune`)
+        pass
     else:
         try:
             best = attention_bench(2 if args.tiny else 16, 256 if args.tiny else 2048, args, rec)
@@ -578,7 +632,13 @@ def main() -> None:
                 kernels = dataclasses.replace(kernels, **best)
         except Exception as exc:
             rec.add({"kind": "attention", "status": error_text(exc)})
-    sets = {"kernels": JOBS, "remat": REMAT_JOBS, "remat2": REMAT2_JOBS, "tune": TUNE_JOBS}
+    sets = {
+        "kernels": JOBS,
+        "remat": REMAT_JOBS,
+        "remat2": REMAT2_JOBS,
+        "tune": TUNE_JOBS,
+        "offload": OFFLOAD_JOBS,
+    }
     jobs = sets[args.set]
     if args.tiny:
         jobs = (

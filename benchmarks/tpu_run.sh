@@ -13,7 +13,7 @@ LIMIT_S=${LIMIT_S:-570}
 PIP_CONFIG_FILE=/dev/null python3 -m pip install --isolated -q --only-binary=:all: --no-cache-dir \
   --index-url file:///opt/pypi/simple --find-links "$PWD/.whl-tpu" --target /tmp/site \
   flax optax orbax-checkpoint grain gguf transformers tokenizers safetensors datasets pyyaml tqdm \
-  tensorboardX 2>&1 | tail -5 | tee "$OUT/install.log"
+  tensorboardX pydantic 2>&1 | tail -5 | tee "$OUT/install.log"
 if [ "${TORCH:-0}" = 1 ]; then
   PIP_CONFIG_FILE=/dev/null python3 -m pip install --isolated -q --only-binary=:all: --no-cache-dir \
     --index-url file:///opt/pypi/simple --find-links /opt/wheels --find-links "$PWD/.whl-tpu" \
