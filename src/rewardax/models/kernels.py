@@ -134,6 +134,32 @@ def select_kernels(setting: str = "auto", backend: str | None = None) -> Kernels
     )
 
 
+def compute_dtype(setting: Any, backend: str | None = None) -> Any:
+    """``model.dtype`` after ``auto``: float32 on a CPU, bfloat16 on a TPU or GPU; any other value
+    is returned as it is.
+
+    Parameters and optimizer state stay in ``param_dtype`` (float32 by default) and the loss is
+    computed in float32 whatever this is. On a TPU v5e bf16 compute is what reaches the chip's
+    197 TFLOP/s (benchmarks/README.md); XLA:CPU's float32 path is the one tuned there (a bf16
+    gain needs bf16 units, see ``model.matmul_dtype``).
+    """
+    if not (isinstance(setting, str) and setting == "auto"):
+        return setting
+    return "float32" if (backend or jax.default_backend()) == "cpu" else "bfloat16"
+
+
+def remat_candidates(kernels: Kernels) -> tuple[str, ...]:
+    """``model.remat_policy`` ``auto``: the policies to try, fastest first, for a step that
+    must fit the device (`rewardax.plan.choose_remat` takes the first that fits). On a TPU v5e
+    (tpu_bench.py, 2026-12-05): keeping every activation is fastest where it fits (SmolLM2 at
+    2048 tokens: 32.9% MFU at 4 pairs), then `save_attention` (no second attention forward;
+    Qwen2.5-0.5B at 2048: 45.6% against 36.3% with `full`), then `full`. `save_attention`
+    keeps something only with the splash kernel. `save_dots` was slower than `full` there."""
+    if kernels.attention == "splash":
+        return ("none", "save_attention", "full")
+    return ("none", "full")
+
+
 def traced_under(
     precision: str, fn: Callable[..., Any], name: str | None = None
 ) -> Callable[..., Any]:

@@ -71,7 +71,9 @@ class ModelOptions:
             dtype=section.dtype,
             param_dtype=section.param_dtype,
             num_labels=section.num_labels,
-            remat_policy=section.remat_policy,
+            # `auto` is decided by the trainer and `plan`, which compile the train step; anything
+            # else that builds from a section (scoring) differentiates nothing.
+            remat_policy="none" if section.remat_policy == "auto" else section.remat_policy,
             dropout_rate=section.dropout_rate,
             seed=seed,
             matmul_dtype=section.matmul_dtype,

@@ -13,7 +13,7 @@ from flax import nnx, struct
 from rewardax.errors import ConfigError
 from rewardax.models.config import ModelConfig
 from rewardax.models.hf import save_pretrained
-from rewardax.models.kernels import KERNEL_SETTINGS, Kernels, select_kernels
+from rewardax.models.kernels import KERNEL_SETTINGS, Kernels, compute_dtype, select_kernels
 from rewardax.models.transformer import Decoder, Projection
 from rewardax.models.transformer import attention_mask as build_attention_mask
 
@@ -67,8 +67,9 @@ class RewardModel(nnx.Module):
 
     Args:
       config: the architecture.
-      dtype: compute dtype ("float32" or "bfloat16"); attention softmax, norms and the reward
-        head always run in float32. Float32 matmuls are float32 on every backend (a TPU's
+      dtype: compute dtype ("float32", "bfloat16", or "auto": float32 on a CPU, bfloat16 on
+        a TPU or GPU, `kernels.compute_dtype`); attention softmax, norms and the reward head
+        always run in float32. Float32 matmuls are float32 on every backend (a TPU's
         default would be one bf16 pass; `Kernels.products`).
       param_dtype: storage dtype of the parameters (e.g. float32 master weights, bf16 compute).
       matmul_dtype: dtype the inputs of every projection matmul and of attention's products
@@ -115,7 +116,7 @@ class RewardModel(nnx.Module):
             raise ConfigError(f"kernels={kernels!r} is not one of {', '.join(KERNEL_SETTINGS)}.")
         self.kernels = kernels
         self.config = config
-        self.dtype = _check_dtype("dtype", dtype)
+        self.dtype = _check_dtype("dtype", compute_dtype(dtype))
         self.param_dtype = _check_dtype("param_dtype", param_dtype)
         self.matmul_dtype = (
             None if matmul_dtype is None else _check_dtype("matmul_dtype", matmul_dtype)
