@@ -25,8 +25,8 @@ fi
 [ -d .tok-smollm2 ] && export REWARDAX_TEST_TOKENIZER=$PWD/.tok-smollm2
 export PYTHONPATH=${PYTHONPATH:-}:/tmp/site:$PWD/src PYTHONUNBUFFERED=1
 echo "installed after ${SECONDS}s" | tee -a "$OUT/log"
-if [ "${CHECK:-0}" = 1 ]; then  # bf16-matmul rewards against float32, each kernel setting
-  timeout 120 python3 benchmarks/matmul_dtype_check.py --out "$OUT" 2>&1 | grep -v Warning | tail -8 | tee -a "$OUT/log"
+if [ "${CHECK:-0}" = 1 ]; then  # trained vs exported+reloaded rewards and parameters
+  timeout 120 python3 benchmarks/export_roundtrip_check.py --out "$OUT" 2>&1 | grep -v Warning | tail -40 | tee -a "$OUT/log"
 fi
 # RECIPE=1 (after the tests): the default job (`rewardax train`, configs/default.yaml) on a
 # random-init model of SmolLM2-135M's shape with its real tokenizer (the GGUF does not travel):

@@ -18,6 +18,10 @@ from rewardax.models.kernels import compute_dtype, remat_candidates, select_kern
 
 TRAIN = str(resources.files("rewardax") / "assets" / "vader_movie_pairs.train.jsonl")
 GIB = 2**30
+ON_CPU = jax.default_backend() == "cpu"
+cpu_only = pytest.mark.skipif(
+    not ON_CPU, reason="what `auto` becomes on the CPU backend (elsewhere it compiles candidates)"
+)
 
 
 def rows(n):
@@ -88,6 +92,7 @@ def test_auto_leaves_headroom_and_falls_back_to_full(monkeypatch):
     assert chosen == {} and tried == () and compiled == []
 
 
+@cpu_only
 def test_on_the_cpu_auto_is_float32_without_remat_and_keeps_the_run_name(tmp_path, monkeypatch):
     def no_compile(*args):
         raise AssertionError("nothing is compiled to decide the CPU's settings")
@@ -142,6 +147,7 @@ def test_a_passed_model_keeps_its_own_settings_under_auto(tmp_path):
     )
 
 
+@cpu_only
 def test_offload_params_with_auto_dtype_on_the_cpu_says_what_to_set(tmp_path):
     tokenizer = smollm2_tokenizer()
     model_dir = tmp_path / "model"

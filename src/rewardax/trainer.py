@@ -430,7 +430,7 @@ class RewardTrainer:
                 start_step,
                 "auto_settings",
                 f"auto settings: {chosen}{why}",
-                {"chosen": self._auto_chosen, "remat_tried": list(self._remat_tried)},
+                {**self._auto_chosen, "remat_tried": "; ".join(self._remat_tried)},
             )
         if self._resumed_from is not None:
             # A rerun that picks a run up must say so, on stderr and in metrics.jsonl.
