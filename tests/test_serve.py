@@ -298,10 +298,13 @@ def test_reward_function_equals_score(work):
 
 
 @pytest.mark.slow
-def test_rows_are_scored_longest_first_in_full_passes_on_the_smallest_program(work):
-    """Rows per bucket program: 16, 4 and 1. Sorted by length, a pass takes what the longest
-    row's bucket holds (not one pass per bucket); any batch gives the offline rewards."""
+def test_rows_are_cut_into_the_passes_of_least_time_on_the_smallest_programs(work):
+    """Rows per bucket program: 16, 4 and 1. Sorted by length, the rows are cut into the passes
+    of least total time under the pass cost model; any batch gives the offline rewards."""
+    import itertools
+
     from rewardax.serve import ServingModel
+    from rewardax.serve.model import PassCost
 
     model = ServingModel(
         work["model_dir"],
@@ -309,6 +312,7 @@ def test_rows_are_scored_longest_first_in_full_passes_on_the_smallest_program(wo
         max_batch_rows=16,
     )
     assert set(map(tuple, model.info()["buckets"].values())) == {(1, 4, 16)}
+    assert model.buckets == (8, 16, 24, 32)
     real = model.scorers
     calls: list[tuple[int, int, list[int]]] = []  # (bucket, program rows, lengths given)
 
@@ -323,23 +327,49 @@ def test_rows_are_scored_longest_first_in_full_passes_on_the_smallest_program(wo
     model.scorers = {b: [Program(b, n) for n in (1, 4, 16)] for b in model.buckets}
     lengths = [3, 17, 9, 30, 5, 12, 7, 25, 2, 14, 8, 11, 6, 19, 4, 10, 13, 1, 16, 15]
     seqs = [np.zeros(n, np.int32) for n in lengths]
+    # A pass's fixed cost far above its tokens': the fewest passes, then the fewest padded tokens.
+    model.pass_cost = PassCost(1e6, 1.0)
     for n, expected in (
-        (1, [(model.bucket_of(3), 1, [3])]),
-        (3, [(model.bucket_of(17), 4, [17, 9, 3])]),
-        (5, [(model.bucket_of(30), 16, [30, 17, 9, 5, 3])]),
-        (
-            20,
-            [
-                (model.bucket_of(30), 16, sorted(lengths, reverse=True)[:16]),
-                (model.bucket_of(4), 4, [4, 3, 2, 1]),
-            ],
-        ),
+        (1, [(8, 1, [3])]),
+        (3, [(24, 4, [17, 9, 3])]),
+        (5, [(32, 16, [30, 17, 9, 5, 3])]),
+        # 2 passes: the 4 longest on 4 rows of 32 tokens and 16 rows of 16 (384 tokens), not 16
+        # rows of 32 and 4 of 8 (544) as taking the largest program first would.
+        (20, [(32, 4, [30, 25, 19, 17]), (16, 16, sorted(lengths, reverse=True)[4:])]),
     ):
         calls.clear()
         # Each row's reward comes back in its own place (the fake reward is its length).
         assert model.rewards(seqs[:n]).tolist() == lengths[:n]
         assert calls == expected, (n, calls)
+
+    # Any cost model: the cuts are the optimum of every way to cut the sorted rows (brute force).
+    def plan_cost(sorted_lengths, cuts):
+        total, bounds = 0.0, [0, *cuts, len(sorted_lengths)]
+        for a, b in itertools.pairwise(bounds):
+            ladder = model.scorers[model.bucket_of(sorted_lengths[a])]
+            if b - a > ladder[-1].batch_size:
+                return float("inf")
+            rows = next(p.batch_size for p in ladder if p.batch_size >= b - a)
+            total += model.pass_cost(rows, model.bucket_of(sorted_lengths[a]))
+        return total
+
+    rng = np.random.default_rng(0)
+    for fixed in (0.0, 20.0, 200.0):
+        model.pass_cost = PassCost(fixed, 1.0)
+        for _ in range(5):
+            some = sorted(rng.integers(1, 33, size=11).tolist(), reverse=True)
+            chosen = model.passes(some)
+            assert chosen[0][0] == 0 and chosen[-1][1] == len(some)
+            got = plan_cost(some, [a for a, _, _ in chosen[1:]])
+            optimum = min(
+                plan_cost(some, list(cuts))
+                for k in range(len(some))
+                for cuts in itertools.combinations(range(1, len(some)), k)
+            )
+            assert got == pytest.approx(optimum), (fixed, some, chosen)
     model.scorers = real
+    model.warm()  # measures the cost model on the real programs
+    assert model.pass_cost.fixed_s >= 0 and model.pass_cost.per_token_s > 0
     ref, texts = work["reference"], work["texts"]
     rows = [{"prompt": PROMPT, "response": t} for t in texts[:20]]
     ids = model.encode(rows)

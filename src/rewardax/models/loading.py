@@ -26,6 +26,7 @@ from flax import nnx
 
 from rewardax.errors import ModelLoadError
 from rewardax.models.config import ModelConfig
+from rewardax.models.kernels import compute_dtype
 from rewardax.models.registry import hf_shape, tensor_specs, to_ours
 from rewardax.models.reward import RewardModel
 
@@ -90,8 +91,9 @@ class ModelOptions:
 
     @property
     def storage_dtype(self) -> Any:
-        """The parameters' dtype: ``param_dtype``, or ``dtype`` when that is None."""
-        return self.param_dtype if self.param_dtype is not None else self.dtype
+        """The parameters' dtype: ``param_dtype``, or ``dtype`` (`auto`: the backend's compute
+        dtype, `kernels.compute_dtype`) when that is None."""
+        return self.param_dtype if self.param_dtype is not None else compute_dtype(self.dtype)
 
     def build(self, config: ModelConfig) -> RewardModel:
         """``RewardModel(config)`` with these options and parameters initialised from ``seed``; the

@@ -17,6 +17,7 @@ import json
 import os
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +30,34 @@ from rewardax.model_dirs import load_for_scoring
 # request to thousands of rows.
 DEFAULT_MAX_BATCH_ROWS = 64
 DEFAULT_MAX_BATCH_TOKENS = 16384
+# Until `warm()` has timed the programs: a pass costs this many padded tokens' worth of time on
+# top of its tokens (a guess; the measured model replaces it).
+DEFAULT_PASS_OVERHEAD_TOKENS = 256
+
+
+@dataclass(frozen=True)
+class PassCost:
+    """Seconds of one forward pass: ``fixed_s + per_token_s x rows x bucket`` (the program's
+    padded shape, whatever the rows in it)."""
+
+    fixed_s: float
+    per_token_s: float
+
+    def __call__(self, rows: int, bucket: int) -> float:
+        return self.fixed_s + self.per_token_s * rows * bucket
+
+    @classmethod
+    def fit(cls, timings: Sequence[tuple[int, float]]) -> PassCost:
+        """Least squares over (padded tokens, seconds) of timed passes; fixed >= 0, per token >
+        0."""
+        tokens = np.asarray([t for t, _ in timings], np.float64)
+        seconds = np.asarray([s for _, s in timings], np.float64)
+        if len(set(tokens.tolist())) < 2:
+            per_token = float(seconds.mean() / max(tokens.mean(), 1.0))
+            return cls(0.0, max(per_token, 1e-12))
+        slope, intercept = np.polyfit(tokens, seconds, 1)
+        slope = max(float(slope), 1e-12)
+        return cls(max(float(intercept), 0.0), slope)
 
 
 def _stored_normalization(path: str) -> dict[str, float] | None:
@@ -121,6 +150,8 @@ class ServingModel:
                 for n in sizes
             ]
         self.buckets = tuple(self.scorers)
+        # In units of one pass's fixed cost until `warm()` measures seconds.
+        self.pass_cost = PassCost(1.0, 1.0 / DEFAULT_PASS_OVERHEAD_TOKENS)
         self.export_hash = export_hash(self.path)
         self.chat_template_hash = chat_template_hash(self.tokenizer)
 
@@ -129,16 +160,27 @@ class ServingModel:
         return next(b for b in self.buckets if b >= length)
 
     def warm(self, log: Callable[[str], None] | None = None) -> float:
-        """Compiles and runs every bucket's program once; returns the seconds it took."""
+        """Compiles and runs every bucket's program once, then times a second run of each to fit
+        `pass_cost` (how `rewards` cuts a batch into passes); returns the seconds it took."""
         start = time.perf_counter()
         programs = 0
+        timings: list[tuple[int, float]] = []
         for bucket, ladder in self.scorers.items():
             for scorer in ladder:
-                scorer([np.zeros(bucket, dtype=np.int32)] * scorer.batch_size)
+                rows = [np.zeros(bucket, dtype=np.int32)] * scorer.batch_size
+                scorer(rows)  # compiles
+                t0 = time.perf_counter()
+                scorer(rows)
+                timings.append((scorer.batch_size * bucket, time.perf_counter() - t0))
                 programs += 1
+        self.pass_cost = PassCost.fit(timings)
         seconds = time.perf_counter() - start
         if log is not None:
-            log(f"compiled {programs} programs ({len(self.scorers)} buckets) in {seconds:.1f} s")
+            log(
+                f"compiled {programs} programs ({len(self.scorers)} buckets) in {seconds:.1f} s; "
+                f"a pass takes {1e3 * self.pass_cost.fixed_s:.1f} ms + "
+                f"{1e6 * self.pass_cost.per_token_s:.2f} us per padded token"
+            )
         return seconds
 
     def encode(self, rows: Sequence[Any], where: str = "row") -> list[np.ndarray]:
@@ -148,24 +190,44 @@ class ServingModel:
     def rewards(self, sequences: Sequence[np.ndarray]) -> np.ndarray:
         """Rewards float64 [N] of N sequences, normalised when asked.
 
-        As offline `score` does, the sequences are sorted by length and cut into forward passes,
-        each padded to the bucket of its longest sequence: from the longest down, a pass takes as
-        many as that bucket's largest program holds and runs on the smallest program that holds
-        them. Grouping by bucket instead split a gathered batch of short rows over every rung of
-        the ladder (9 buckets up to 32 tokens: passes of 3-4 rows).
+        The sequences are sorted by length (longest first) and cut into forward passes, each of
+        consecutive sequences padded to the bucket of its longest on the smallest program that
+        holds them; the cuts are the ones of least total time under `pass_cost` (`passes`). One
+        pass per bucket wasted programs on a few rows each (9 buckets up to 32 tokens: passes of
+        3-4 rows); one pass for everything padded short rows to the longest (demo export, 64
+        clients: half of offline `score`'s rows/s).
         """
         out = np.empty(len(sequences), dtype=np.float64)
         order = sorted(range(len(sequences)), key=lambda i: -len(sequences[i]))
-        start = 0
-        while start < len(order):
-            ladder = self.scorers[self.bucket_of(len(sequences[order[start]]))]
-            take = min(len(order) - start, ladder[-1].batch_size)
-            scorer = next(s for s in ladder if s.batch_size >= take)
-            index = order[start : start + take]
+        lengths = [len(sequences[i]) for i in order]
+        for start, end, scorer in self.passes(lengths):
+            index = order[start:end]
             out[index] = scorer([sequences[i] for i in index])
-            start += take
         if self.normalization is not None:
             out = (out - self.normalization["mean"]) / self.normalization["std"]
+        return out
+
+    def passes(self, lengths: Sequence[int]) -> list[tuple[int, int, Any]]:
+        """(start, end, program) of each pass over ``lengths`` sorted longest first: the cuts of
+        least total `pass_cost`, by dynamic programming over the cut points (a pass starting at
+        i holds at most what the largest program of bucket(lengths[i]) holds)."""
+        n = len(lengths)
+        best = [0.0] * (n + 1)  # best[i]: least seconds for lengths[i:]
+        choice: list[tuple[int, Any]] = [(n, None)] * (n + 1)
+        for i in range(n - 1, -1, -1):
+            bucket = self.bucket_of(lengths[i])
+            ladder = self.scorers[bucket]
+            best[i] = float("inf")
+            for take in range(1, min(n - i, ladder[-1].batch_size) + 1):
+                scorer = next(s for s in ladder if s.batch_size >= take)
+                cost = self.pass_cost(scorer.batch_size, bucket) + best[i + take]
+                if cost < best[i]:
+                    best[i], choice[i] = cost, (i + take, scorer)
+        out, i = [], 0
+        while i < n:
+            end, scorer = choice[i]
+            out.append((i, end, scorer))
+            i = end
         return out
 
     def info(self) -> dict[str, Any]:
