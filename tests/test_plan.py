@@ -119,6 +119,33 @@ def test_a_job_that_does_not_fit_says_so_and_which_settings_would(shape_dir):
     assert tried[("model.remat_policy=full",)]["hbm_per_chip_gib"] < 0.6 * s["hbm_per_chip_gib"]
 
 
+def test_auto_settings_are_decided_for_the_slice_and_reported(shape_dir):
+    """model.dtype and model.remat_policy left at `auto`: bf16 compute for a TPU, and the first
+    remat policy (none, save_attention, full) whose step fits the chip less its headroom."""
+    proc = run_plan(
+        "--topology=v5e:1x1",
+        f"--model.path={shape_dir}",
+        "--data.layout=padded",
+        "--data.max_sequence_length=4096",
+        "--train.per_device_train_batch_size=128",
+    )
+    s = summary(proc)
+    assert s["resolved"]["model.dtype"] == "bfloat16"
+    tried = [
+        (name, float(gib.removesuffix(" GiB")))
+        for name, gib in (x.split(": ") for x in s["remat_tried"])
+    ]
+    names = [name for name, _ in tried]
+    assert names == ["none", "save_attention", "full"][: len(names)]
+    limit = s["hbm_limit_gib"] - 0.125
+    assert tried[0][1] > limit  # remat none does not fit this job (as the test above shows)
+    chosen = s["resolved"]["model.remat_policy"]
+    assert chosen == names[-1] and (tried[-1][1] <= limit or chosen == "full")
+    assert all(gib > limit for _, gib in tried[:-1])
+    assert s["hbm_per_chip_gib"] == pytest.approx(tried[-1][1], abs=0.01)
+    assert f"auto settings: model.dtype=bfloat16, model.remat_policy={chosen}" in proc.stdout
+
+
 def test_bad_topologies_and_a_missing_libtpu_are_clear_errors(shape_dir):
     bad = run_plan("--topology=v9x:2x2", f"--model.path={shape_dir}")
     assert bad.returncode == 2
