@@ -49,18 +49,23 @@ class FakeChip:
     device_kind: str = "TPU v5 lite"  # 15.75 GiB (plan.TPU_HBM_GIB)
 
 
-def fake_compiler(monkeypatch, gib_by_policy: dict[str, float]) -> list[str]:
-    """plan's layout and compile replaced: each policy 'needs' the given GiB. Returns the list
-    of policies compiled, in order."""
-    compiled: list[str] = []
+def fake_compiler(monkeypatch, gib: dict) -> list:
+    """plan's layout and compile replaced: a candidate 'needs' gib[(policy, pairs per
+    microbatch)], else gib[policy]. Returns the list of (policy, pairs, microbatches) compiled."""
+    compiled: list = []
 
     def lay_out(config, arch, devices):
-        return config.model.remat_policy
+        train = config.train
+        return (
+            config.model.remat_policy,
+            train.per_device_train_batch_size,
+            (train.gradient_accumulation_steps),
+        )
 
-    def compile_(policy, settings):
-        compiled.append(policy)
-        gib = gib_by_policy[policy]
-        return plan.Compiled((), plan.Memory(int(gib * GIB), 0, 0, 0, 0), 0.0)
+    def compile_(job, settings):
+        compiled.append(job)
+        need = gib.get(job[:2], gib.get(job[0]))
+        return plan.Compiled((), plan.Memory(int(need * GIB), 0, 0, 0, 0), 0.0)
 
     monkeypatch.setattr(plan, "_lay_out", lay_out)
     monkeypatch.setattr(plan, "_compile", compile_)
@@ -69,23 +74,83 @@ def fake_compiler(monkeypatch, gib_by_policy: dict[str, float]) -> list[str]:
 
 def test_auto_takes_the_fastest_remat_policy_that_fits_the_chip(monkeypatch):
     compiled = fake_compiler(monkeypatch, {"none": 17.6, "save_attention": 15.44, "full": 9.0})
-    config = rx.RewardConfig(per_device_train_batch_size=4)
+    # 4 pairs of 512 tokens: too few tokens to split into microbatches.
+    config = rx.RewardConfig(per_device_train_batch_size=4, max_sequence_length=512)
     resolved, chosen, tried = plan.resolve_auto(config, object(), [FakeChip()])
     assert chosen == {"model.dtype": "bfloat16", "model.remat_policy": "save_attention"}
     assert (resolved.model.dtype, resolved.model.remat_policy) == ("bfloat16", "save_attention")
-    assert compiled == ["none", "save_attention"]  # full is not compiled: one fits before it
+    assert compiled == [("none", 4, 1), ("save_attention", 4, 1)]  # full is not compiled
     assert tried == ("none: 17.60 GiB", "save_attention: 15.44 GiB")
     assert config.model.dtype == config.model.remat_policy == "auto"  # the input is unchanged
 
 
+def test_auto_prefers_less_remat_on_smaller_microbatches(monkeypatch):
+    # Qwen2.5-0.5B, 8 pairs of 2048 tokens on a v5e: save_attention fits on 4 pairs a microbatch.
+    compiled = fake_compiler(
+        monkeypatch,
+        {
+            "none": 54.0,
+            ("none", 4): 29.0,
+            "save_attention": 23.5,
+            ("save_attention", 4): 15.4,
+            "full": 13.7,
+        },
+    )
+    config = rx.RewardConfig(per_device_train_batch_size=8, max_sequence_length=2048)
+    resolved, chosen, tried = plan.resolve_auto(config, object(), [FakeChip()])
+    # none on 2 pairs (8192 tokens) is under MIN_MICROBATCH_TOKENS: not tried.
+    assert compiled == [
+        ("none", 8, 1),
+        ("none", 4, 2),
+        ("save_attention", 8, 1),
+        ("save_attention", 4, 2),
+    ]
+    assert chosen["model.remat_policy"] == "save_attention"
+    assert chosen["train.gradient_accumulation_steps"] == "2"
+    assert (
+        resolved.train.per_device_train_batch_size,
+        resolved.train.gradient_accumulation_steps,
+    ) == (4, 2)
+    assert resolved.global_train_batch_size(1) == config.global_train_batch_size(1) == 8
+    assert tried[-1] == "save_attention (4 pairs x 2): 15.40 GiB"
+    # A layout that cannot accumulate (shared_prompt) keeps the whole batch.
+    compiled.clear()
+    shared = rx.RewardConfig(
+        per_device_train_batch_size=8, max_sequence_length=2048, layout="shared_prompt"
+    )
+    _, chosen, _ = plan.resolve_auto(shared, object(), [FakeChip()])
+    assert chosen["model.remat_policy"] == "full"
+    assert "train.gradient_accumulation_steps" not in chosen
+    assert all(acc == 1 for _, _, acc in compiled)
+    # An accumulation of the user's own is kept as it is (and not split further).
+    compiled.clear()
+    own = rx.RewardConfig(
+        per_device_train_batch_size=8, max_sequence_length=2048, gradient_accumulation_steps=2
+    )
+    plan.resolve_auto(own, object(), [FakeChip()])
+    assert compiled == [("none", 8, 2), ("save_attention", 8, 2), ("full", 8, 2)]
+
+
 def test_auto_leaves_headroom_and_falls_back_to_full(monkeypatch):
     # 15.70 GiB is under the chip's 15.75 but not under its 128 MiB headroom.
-    compiled = fake_compiler(monkeypatch, {"none": 30.0, "save_attention": 15.70, "full": 16.5})
-    _, chosen, _ = plan.resolve_auto(rx.RewardConfig(), object(), [FakeChip()])
-    assert chosen["model.remat_policy"] == "full"  # none fits: full, and the run says so
-    assert compiled == ["none", "save_attention", "full"]
-    # Explicit settings are not touched, and nothing is compiled for them.
+    compiled = fake_compiler(
+        monkeypatch, {"none": 30.0, "save_attention": 15.70, "full": 16.5, ("full", 2): 12.0}
+    )
+    config = rx.RewardConfig(per_device_train_batch_size=4, max_sequence_length=512)
+    _, chosen, _ = plan.resolve_auto(config, object(), [FakeChip()])
+    # Remat full fits on 2 pairs a microbatch (it may go below MIN_MICROBATCH_TOKENS: it is the
+    # last resort before not fitting).
+    assert chosen["model.remat_policy"] == "full"
+    assert chosen["train.per_device_train_batch_size"] == "2"
+    assert compiled == [("none", 4, 1), ("save_attention", 4, 1), ("full", 4, 1), ("full", 2, 2)]
+    # Nothing fits: full on the whole batch, and the run says what it tried.
     compiled.clear()
+    fake_compiler(monkeypatch, {"none": 30.0, "save_attention": 29.0, "full": 16.5})
+    _, chosen, tried = plan.resolve_auto(config, object(), [FakeChip()])
+    assert chosen == {"model.dtype": "bfloat16", "model.remat_policy": "full"}
+    assert len(tried) == 5  # none, save_attention, full on 4, 2 and 1 pairs
+    # Explicit settings are not touched, and nothing is compiled for them.
+    compiled = fake_compiler(monkeypatch, {})
     explicit = rx.RewardConfig(dtype="float32", remat_policy="save_dots")
     same, chosen, tried = plan.resolve_auto(explicit, object(), [FakeChip()])
     assert (same.model.dtype, same.model.remat_policy) == ("float32", "save_dots")

@@ -124,13 +124,15 @@ def test_a_job_that_does_not_fit_says_so_and_which_settings_would(shape_dir):
 
 def test_auto_settings_are_decided_for_the_slice_and_reported(shape_dir):
     """model.dtype and model.remat_policy left at `auto`: bf16 compute for a TPU, and the first
-    remat policy (none, save_attention, full) whose step fits the chip less its headroom."""
+    remat policy (none, save_attention, full) whose step fits the chip less its headroom (an
+    accumulation of its own: `auto` does not split the pairs further, one compile per policy)."""
     proc = run_plan(
         "--topology=v5e:1x1",
         f"--model.path={shape_dir}",
         "--data.layout=padded",
         "--data.max_sequence_length=4096",
         "--train.per_device_train_batch_size=128",
+        "--train.gradient_accumulation_steps=2",
     )
     s = summary(proc)
     assert s["resolved"]["model.dtype"] == "bfloat16"

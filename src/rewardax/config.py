@@ -72,7 +72,9 @@ class ModelSection(Section):
     `save_attention` keeps the splash attention kernel's output and residuals (TPU; the backward
     runs no second attention forward) and recomputes the rest. `auto`: `none` on a CPU; on a TPU
     or GPU the first of none, save_attention (with splash attention), full whose compiled train
-    step fits the device's memory (`rewardax.plan.choose_remat`; the choice is printed).
+    step fits the device's memory, each tried on the whole batch and then on the pairs per device
+    split into up to 8 microbatches (padded layout; the pairs per update stay the same)
+    (`rewardax.plan.choose_remat`; the choice is printed).
     """
     dropout_rate: float = 0.0
     """dropout probability in the backbone during training; 0.0 turns dropout off (the usual choice
