@@ -29,6 +29,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 
 import rewardax as rx
 from data_fixtures import smollm2_tokenizer, tiny_llama
+from test_trainer import make_config as config  # the failing test's own settings
 
 ASSETS = Path(rx.__file__).parent / "assets"
 
@@ -36,20 +37,6 @@ ASSETS = Path(rx.__file__).parent / "assets"
 def rows(name: str, n: int) -> list[dict]:
     with open(ASSETS / name, encoding="utf-8") as f:
         return [json.loads(line) for _, line in zip(range(n), f, strict=False)]
-
-
-def config(tmp: Path, **overrides) -> rx.RewardConfig:
-    return rx.RewardConfig(
-        per_device_train_batch_size=4,
-        per_device_eval_batch_size=8,
-        learning_rate=1e-3,
-        warmup_steps=2,
-        max_sequence_length=64,
-        save_directory=str(tmp),
-        progress_bar=False,
-        seed=7,
-        **overrides,
-    )
 
 
 def main() -> None:
