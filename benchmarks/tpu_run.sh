@@ -4,7 +4,11 @@
 # $OUT/log), then, in the time left of ~570 s, the attention and model tests in one process
 # ($OUT/tests.log). Usage on the chip: bash benchmarks/tpu_run.sh [extra tpu_bench.py arguments]
 # Environment: LIMIT_S (whole run), BENCH_S (the bench's budget; 0: no bench), TESTS, PYTEST_ARGS,
-# TORCH=1 (install the machine's torch CPU wheel, for the parity tests).
+# TORCH=1 (install the machine's torch CPU wheel, for the parity tests), CHECK=1 (first:
+# benchmarks/export_roundtrip_check.py), RECIPE=1 (last: the default job, see below).
+# .whl-tpu: the wheels of ../shared/TPU.md plus pydantic==2.14.4 pydantic-core==2.50.5
+# annotated-types==0.8.0 typing-inspection==0.4.5 (the pins of requirements-demo.lock), downloaded
+# with the same `pip download` flags.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-$PWD/tpu_out}
