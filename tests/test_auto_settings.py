@@ -4,9 +4,7 @@ compiler faked here; tests/test_plan.py compiles for a real v5e description with
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
-from importlib import resources
 
 import jax
 import pytest
@@ -15,18 +13,14 @@ import rewardax as rx
 from data_fixtures import smollm2_tokenizer, tiny_llama
 from rewardax import plan
 from rewardax.models.kernels import compute_dtype, remat_candidates, select_kernels
+from test_trainer import TRAIN
+from test_trainer import rows as read_rows
 
-TRAIN = str(resources.files("rewardax") / "assets" / "vader_movie_pairs.train.jsonl")
 GIB = 2**30
 ON_CPU = jax.default_backend() == "cpu"
 cpu_only = pytest.mark.skipif(
     not ON_CPU, reason="what `auto` becomes on the CPU backend (elsewhere it compiles candidates)"
 )
-
-
-def rows(n):
-    with open(TRAIN, encoding="utf-8") as f:
-        return [json.loads(line) for _, line in zip(range(n), f, strict=False)]
 
 
 def test_compute_dtype_is_float32_on_the_cpu_and_bfloat16_on_accelerators():
@@ -174,7 +168,7 @@ def test_on_the_cpu_auto_is_float32_without_remat_and_keeps_the_run_name(tmp_pat
         save_directory=str(tmp_path / "runs"),
         progress_bar=False,
     )
-    auto = rx.RewardTrainer(rx.RewardConfig(**common), tokenizer, train_dataset=rows(8))
+    auto = rx.RewardTrainer(rx.RewardConfig(**common), tokenizer, train_dataset=read_rows(TRAIN, 8))
     assert (auto.config.model.dtype, auto.config.model.remat_policy) == ("float32", "none")
     assert auto.state.model.dtype.name == "float32"
     assert auto.state.model.model.remat_policy == "none"
@@ -182,7 +176,7 @@ def test_on_the_cpu_auto_is_float32_without_remat_and_keeps_the_run_name(tmp_pat
     explicit = rx.RewardTrainer(
         rx.RewardConfig(**common, dtype="float32", remat_policy="none"),
         tokenizer,
-        train_dataset=rows(8),
+        train_dataset=read_rows(TRAIN, 8),
     )
     assert auto.run_dir == explicit.run_dir
 
@@ -203,7 +197,7 @@ def test_a_passed_model_keeps_its_own_settings_under_auto(tmp_path):
         ),
         tokenizer,
         model=model,
-        train_dataset=rows(8),
+        train_dataset=read_rows(TRAIN, 8),
     )
     assert (trainer.config.model.dtype, trainer.config.model.remat_policy) == ("bfloat16", "full")
     # RewardModel(dtype="auto") is the backend's compute dtype.
@@ -223,4 +217,4 @@ def test_offload_params_with_auto_dtype_on_the_cpu_says_what_to_set(tmp_path):
     with pytest.raises(
         rx.ConfigError, match=r"got model\.dtype=float32.*set model\.dtype=bfloat16"
     ):
-        rx.RewardTrainer(config, tokenizer, train_dataset=rows(8))
+        rx.RewardTrainer(config, tokenizer, train_dataset=read_rows(TRAIN, 8))

@@ -93,13 +93,20 @@ def test_state_is_split_over_the_chips_of_a_slice_by_fsdp(shape_dir):
         assert h["aliased"] > 0  # the donated state is written in place
 
 
-def test_a_job_that_does_not_fit_says_so_and_which_settings_would(shape_dir):
-    proc = run_plan(
+def too_big(shape_dir) -> list[str]:
+    """One v5e chip and 128 pairs of 4096 tokens per step: without remat, more than it holds."""
+    return [
         "--topology=v5e:1x1",
         f"--model.path={shape_dir}",
         "--data.layout=padded",
         "--data.max_sequence_length=4096",
         "--train.per_device_train_batch_size=128",
+    ]
+
+
+def test_a_job_that_does_not_fit_says_so_and_which_settings_would(shape_dir):
+    proc = run_plan(
+        *too_big(shape_dir),
         "--model.remat_policy=none",
         # float32 compute (bf16 is `auto`'s choice for a TPU): with bf16 activations libtpu's
         # estimate for offloaded moments came out above the job's own.
@@ -126,14 +133,7 @@ def test_auto_settings_are_decided_for_the_slice_and_reported(shape_dir):
     """model.dtype and model.remat_policy left at `auto`: bf16 compute for a TPU, and the first
     remat policy (none, save_attention, full) whose step fits the chip less its headroom (an
     accumulation of its own: `auto` does not split the pairs further, one compile per policy)."""
-    proc = run_plan(
-        "--topology=v5e:1x1",
-        f"--model.path={shape_dir}",
-        "--data.layout=padded",
-        "--data.max_sequence_length=4096",
-        "--train.per_device_train_batch_size=128",
-        "--train.gradient_accumulation_steps=2",
-    )
+    proc = run_plan(*too_big(shape_dir), "--train.gradient_accumulation_steps=2")
     s = summary(proc)
     assert s["resolved"]["model.dtype"] == "bfloat16"
     tried = [
