@@ -11,6 +11,11 @@ the CPU's to 4 digits and the CPU's round trip is exact. This prints, to find wh
 the trained model's rewards on the same 8 rows (the object, no export), the reload's under each
 kernel setting, and the largest difference of each parameter between the trained state and the
 reloaded model. Needs the SmolLM2 tokenizer (REWARDAX_TEST_TOKENIZER on the TPU).
+
+Found with it (2026-12-06, second session): only the token embedding departed, in the file
+already: `jax.device_get` on the TPU returned it column-major (strides (4, 196608)) and
+safetensors wrote that memory as a row-major tensor. `models.registry.to_hf` now returns
+C-contiguous arrays (tests/test_models_reward.py fakes a column-major device_get).
 """
 
 from __future__ import annotations
@@ -37,6 +42,45 @@ ASSETS = Path(rx.__file__).parent / "assets"
 def rows(name: str, n: int) -> list[dict]:
     with open(ASSETS / name, encoding="utf-8") as f:
         return [json.loads(line) for _, line in zip(range(n), f, strict=False)]
+
+
+def embed_check(export_dir: Path, before: dict, after: dict, initial) -> None:
+    """Where the token embedding departs: the trained state, the exported file, the reload, and
+    the untrained model's (a stale copy would equal it), row by row."""
+    from safetensors.numpy import load_file
+
+    path = ("model", "embed_tokens", "embedding")
+    saved = {}
+    for f in sorted(Path(export_dir).glob("*.safetensors")):
+        saved.update(load_file(str(f)))
+    host = jax.device_get(before[path][...])
+    print(
+        f"trained embedding on the host: {type(host).__name__} {host.dtype} {host.shape} "
+        f"strides {getattr(host, 'strides', None)} sharding {before[path][...].sharding}"
+    )
+    arrays = {
+        "trained": np.asarray(host, np.float32),
+        "file": np.asarray(saved["model.embed_tokens.weight"], np.float32),
+        "reloaded": np.asarray(jax.device_get(after[path][...]), np.float32),
+        "initial": np.asarray(
+            jax.device_get(dict(nnx.to_flat_state(nnx.state(initial, nnx.Param)))[path][...]),
+            np.float32,
+        ),
+    }
+    names = list(arrays)
+    for i, a in enumerate(names):
+        for b in names[i + 1 :]:
+            rows = np.flatnonzero(np.any(arrays[a] != arrays[b], axis=1))
+            print(
+                f"embed {a:8s} vs {b:8s}: {rows.size} rows differ, first {rows[:8].tolist()}, "
+                f"max {float(np.max(np.abs(arrays[a] - arrays[b]))):.3g}"
+            )
+    # A device round trip of an array of the same shape, alone.
+    x = np.random.default_rng(0).normal(size=arrays["trained"].shape).astype(np.float32)
+    y = np.asarray(jax.device_get(jax.numpy.asarray(x)))
+    print(
+        f"host->device->host of a {x.shape} float32 array: max diff {float(np.max(np.abs(x - y)))}"
+    )
 
 
 def main() -> None:
@@ -68,6 +112,7 @@ def main() -> None:
         reloaded = rx.AutoRewardModel.from_pretrained(str(trained.export_dir))
         before = dict(nnx.to_flat_state(nnx.state(trained_state.model, nnx.Param)))
         after = dict(nnx.to_flat_state(nnx.state(reloaded, nnx.Param)))
+        embed_check(trained.export_dir, before, after, tiny_llama(tokenizer))
         for path, value in before.items():
             a = np.asarray(jax.device_get(value[...]), np.float32)
             b = np.asarray(jax.device_get(after[path][...]), np.float32)

@@ -474,3 +474,22 @@ def test_attention_backward_equals_autodiff_of_softmax_attention(dtype):
         a, b = np.asarray(a, np.float32), np.asarray(b, np.float32)
         np.testing.assert_allclose(a / np.abs(b).max(), b / np.abs(b).max(), atol=tol, rtol=0)
     np.testing.assert_array_equal(np.asarray(got_grads[0], np.float32)[1, :, :, :2], 0.0)
+
+
+def test_export_writes_column_major_host_arrays_in_their_logical_order(tmp_path, monkeypatch):
+    # On a TPU v5e `jax.device_get` returned the [49152, 32] token embedding column-major
+    # (strides (4, 196608)) and safetensors wrote its memory as it lay: the reloaded embedding was
+    # the transposed bytes (rewards off by up to 0.19). Every parameter fetched column-major here.
+    from rewardax.models import AutoRewardModel, hf
+
+    model = scrambled_model("llama")
+    real_get = jax.device_get
+    monkeypatch.setattr(hf.jax, "device_get", lambda x: np.asfortranarray(real_get(x)))
+    out = model.save_pretrained(tmp_path / "rm")
+    monkeypatch.undo()
+    again = AutoRewardModel.from_pretrained(out)
+    before = dict(nnx.to_flat_state(nnx.state(model, nnx.Param)))
+    after = dict(nnx.to_flat_state(nnx.state(again, nnx.Param)))
+    assert before.keys() == after.keys()
+    for path, value in before.items():
+        np.testing.assert_array_equal(np.asarray(after[path][...]), np.asarray(value[...]), path)

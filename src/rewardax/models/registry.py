@@ -118,12 +118,17 @@ def to_ours(
 
 
 def to_hf(spec: TensorSpec, array: np.ndarray) -> np.ndarray:
-    """rewardax layout -> HF layout (contiguous)."""
+    """rewardax layout -> HF layout, C-contiguous.
+
+    Contiguity is not a nicety: on a TPU `jax.device_get` can return a column-major array
+    (strides (4, 196608) for a [49152, 32] embedding on a v5e), and safetensors writes the
+    buffer as it lies in memory, so the file held the transpose's bytes under the array's shape.
+    """
     if spec.kind == "linear":
-        return np.ascontiguousarray(array.reshape(math.prod(array.shape[: spec.n_in]), -1).T)
-    if spec.kind == "bias":
-        return array.reshape(-1)
-    return array
+        array = array.reshape(math.prod(array.shape[: spec.n_in]), -1).T
+    elif spec.kind == "bias":
+        array = array.reshape(-1)
+    return np.ascontiguousarray(array)
 
 
 # GGUF (llama.cpp) tensor names -> Hugging Face names.
