@@ -303,6 +303,8 @@ def _state(row: dict) -> str:
         extra.append(f"LoRA r{row['lora_rank']}")
     if row.get("defaults"):
         extra.append(f"{row.get('dtype')} compute (defaults)")
+        if (row.get("microbatches") or 1) > 1:
+            extra.append(f"{row['microbatches']} microbatches")
     return " + ".join([str(row.get("param_dtype", "")), *extra])
 
 
@@ -627,6 +629,7 @@ def defaults_job(shape: str, length: int, pairs: int, args, rec: Recorder, workd
         chosen = trainer.config.model
         row.update(param_dtype=chosen.param_dtype, remat=chosen.remat_policy)
         row.update(dtype=chosen.dtype, remat_tried=list(trainer._remat_tried))
+        row["microbatches"] = trainer.config.train.gradient_accumulation_steps
         kernels = select_kernels(chosen.kernels)
         row["attention"] = (
             tile_name(kernels) if kernels.attention == "splash" else kernels.attention
