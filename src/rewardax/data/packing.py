@@ -6,7 +6,7 @@ The layouts here put whole sequences next to each other in rows of length T and 
 which token may see which through `segment_ids` (and `branch_ids`); `RewardModel` builds the
 block-diagonal causal mask from them, so every reward equals the padded layout's.
 
-Batch format (numpy; R rows of T tokens, P pairs, K = 2P reward slots per row):
+Batch format (numpy; R rows of T tokens, P pairs, S = 2P reward slots per row):
   input_ids         int32   [R, T]  pad id outside sequences.
   segment_ids       int32   [R, T]  1, 2, ... per sequence (packed) or per pair (shared_prompt);
                                     0 = padding.
@@ -15,8 +15,8 @@ Batch format (numpy; R rows of T tokens, P pairs, K = 2P reward slots per row):
                                     A response sees the prompt and itself, never the other one;
                                     the rejected response's positions continue from the prompt's
                                     end, as if it followed the prompt alone.
-  reward_positions  int32   [R, K]  index in the row of each reward token; unused slots 0.
-  reward_slot       int32   [P, 2]  flat index into R*K of each pair's (chosen, rejected) reward;
+  reward_positions  int32   [R, S]  index in the row of each reward token; unused slots 0.
+  reward_slot       int32   [P, 2]  flat index into R*S of each pair's (chosen, rejected) reward;
                                     0 for padding pairs (read, then masked by pair_mask).
   margin            float32 [P]     as in the padded layout.
   pair_mask         float32 [P]     1 real pair, 0 padding pair.
@@ -41,7 +41,10 @@ the shared_prompt tree with K branches. A group is one segment: its prompt (the 
 prefix of all its responses' sequences, each keeping at least its last token) once, then response
 k as branch k + 1, positions continuing from the prompt's end. The model's mask rule is the same
 (a response sees the prompt and itself, never a sibling), so each reward equals that of the
-response encoded alone; shared_prompt is the case K = 2 (branch 1 chosen, 2 rejected).
+response encoded alone; shared_prompt is the case K = 2 (branch 1 chosen, 2 rejected). Every
+attention implementation takes branch ids: `cpu` and `xla` through `transformer.attention_mask`;
+the splash kernel cannot express the tree, so a batch with branch ids runs `xla_attention` there
+(`Kernels.for_layout`).
   input_ids, segment_ids, positions  [R, T] as above (one segment per group).
   branch_ids        int32   [R, T]  0 prompt (and padding), k + 1 response k of its group.
   reward_positions  int32   [R, S]  index in the row of each reward token; unused slots 0.
@@ -53,6 +56,10 @@ response encoded alone; shared_prompt is the case K = 2 (branch 1 chosen, 2 reje
   ranks, scores     float32 [G, K, ...]  the records' per-response arrays, carried as they are
                                     (0 at padding slots); only those the records have.
 `group_rewards.rewards_by_slot` turns the model's [R, S, L] output into rewards [G, K, L].
+Measured on VADER's train sentences four to a prompt (tests/test_kbranch.py; 320 groups, 8 a
+batch, max length 128; sequences of 34.8 tokens, 10.0 of them the shared prefix): the rows hold
+0.78x the real tokens of the sequences apart and compute 0.47x the tokens of a padded [G, 4, T]
+batch, 0.79x those of packing the sequences without sharing the prompt.
 """
 
 from __future__ import annotations
