@@ -28,6 +28,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from flax import nnx
 
 from data_fixtures import smollm2_tokenizer, tiny_llama
 from model_fixtures import EOS, VOCAB, pad_rows, scrambled_model
@@ -44,7 +45,9 @@ from rewardax.data.collate import RowProcessor
 from rewardax.data.packing import choose_shape, row_ladder, shared_prompt_parts
 from rewardax.errors import ConfigError
 from rewardax.group_rewards import group_rewards, rewards_by_slot
+from rewardax.losses import masked_mean
 from rewardax.models.transformer import attention_mask
+from rewardax.ranking_losses import plackett_luce_loss
 
 ATOL = 1e-5  # float32, rewards of order 1
 
@@ -205,6 +208,38 @@ def test_a_response_never_sees_a_sibling(model):
     assert abs(before[0, 2] - after[0, 2]) > 1e-3  # control: the changed response's own reward
 
 
+def test_listwise_loss_gradient_equals_padded():
+    """Under jit, a Plackett-Luce loss on the K-branch batch's rewards has the gradient (every
+    parameter) of the same loss on rewards read from one padded row per response: what a group
+    train step built on `group_rewards` will compute."""
+    model = unit_model("cpu")
+    groups = random_groups(21, [4, 2, 3, 4, 1])
+    batch = pack_groups(groups, EOS, group_size=4, batch_size=6, row_lengths=(32, 64))
+    batch = {k: jnp.asarray(v) for k, v in batch.items()}
+    seqs = [s for g in groups for s in g["responses_input_ids"]]
+    ids, mask = pad_rows(seqs, "right")
+    where = np.array([(g, k) for g, grp in enumerate(groups) for k in range(len(grp["ranks"]))])
+    graphdef, params, rest = nnx.split(model, nnx.Param, ...)
+
+    def loss(rewards):
+        per_group = plackett_luce_loss(rewards, batch["ranks"], batch["response_mask"])
+        return masked_mean(per_group, batch["group_mask"])
+
+    def packed(p):
+        return loss(group_rewards(nnx.merge(graphdef, p, rest), batch))
+
+    def alone(p):
+        flat = nnx.merge(graphdef, p, rest)(jnp.asarray(ids), jnp.asarray(mask)).logits[:, 0]
+        return loss(jnp.zeros((6, 4)).at[where[:, 0], where[:, 1]].set(flat))
+
+    got_loss, got = jax.jit(jax.value_and_grad(packed))(params)
+    want_loss, want = jax.jit(jax.value_and_grad(alone))(params)
+    assert float(want_loss) > 0.1
+    np.testing.assert_allclose(got_loss, want_loss, atol=ATOL, rtol=0)
+    for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(want), strict=True):
+        np.testing.assert_allclose(a, b, atol=ATOL, rtol=0)
+
+
 def test_mask_of_four_branches():
     """`transformer.attention_mask` on one segment: prompt 0-1, branches 1..4, then padding."""
     branch = np.array([[0, 0, 1, 1, 2, 3, 3, 4, 0]])
@@ -235,6 +270,16 @@ def test_documented_example_and_pair_packing_as_k_equal_2():
     assert batch["reward_positions"].tolist() == [[3, 6, 8, 11, 13, 0]]
     assert batch["reward_slot"].tolist() == [[0, 1, 2], [3, 4, 0]]
     assert batch["response_mask"].tolist() == [[1, 1, 1], [1, 1, 0]]
+    # Several scores per response (named objectives) travel as [G, K, L].
+    scored = pack_groups(
+        [{"responses_input_ids": [[4, 3, 2], [4, 9, 2]], "scores": [[0.5, 1.0], [2.0, -1.0]]}],
+        pad_id=2,
+        group_size=3,
+        batch_size=2,
+        row_lengths=(16,),
+    )
+    assert scored["scores"].tolist() == [[[0.5, 1.0], [2.0, -1.0], [0, 0]], [[0, 0]] * 3]
+    assert "ranks" not in scored
     # shared_prompt pairs are the K = 2 groups [chosen, rejected]: the same rows and slots.
     groups = random_groups(5, [2] * 5)
     pairs = [
@@ -324,6 +369,7 @@ def test_token_saving_on_vader_groups_of_four():
     buckets = default_bucket_lengths(max_len)
     unshared_lengths = default_bucket_lengths(max_len, longer_rows=True)
     lengths = group_row_lengths(DataConfig(max_sequence_length=max_len), k)
+    assert lengths[-1] == k * max_len  # holds any group
     real = {"padded": 0, "unshared": 0, "kbranch": 0}
     computed = dict.fromkeys(real, 0)
     for start in range(0, len(groups), g):
