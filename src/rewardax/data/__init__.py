@@ -11,9 +11,12 @@ from rewardax.data.config import DataConfig
 from rewardax.data.formats import FORMATS, detect_dataset_format, detect_format, normalize_row
 from rewardax.data.loader import LoaderStats, PreferenceLoader, iterate_eval_batches
 from rewardax.data.packing import (
+    GROUP_KEYS,
     PACKED_KEYS,
     SHARED_PROMPT_KEYS,
     common_prefix_length,
+    group_row_lengths,
+    pack_groups,
     pack_records,
     packing_row_lengths,
     token_counts,
@@ -32,6 +35,7 @@ from rewardax.data.tokenize import PairEncoder, pad_token_id
 __all__ = [
     "BATCH_KEYS",
     "FORMATS",
+    "GROUP_KEYS",
     "PACKED_KEYS",
     "SHARED_PROMPT_KEYS",
     "DataConfig",
@@ -50,10 +54,12 @@ __all__ = [
     "default_bucket_lengths",
     "detect_dataset_format",
     "detect_format",
+    "group_row_lengths",
     "iterate_eval_batches",
     "load_eval_sources",
     "load_source",
     "normalize_row",
+    "pack_groups",
     "pack_records",
     "packing_row_lengths",
     "pad_token_id",

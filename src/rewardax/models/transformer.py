@@ -279,7 +279,8 @@ def attention_mask(
     Query i sees key j iff j <= i (index in the row), ``segment_ids[i] == segment_ids[j] != 0``,
     ``branch_ids[j]`` is 0 (shared prompt) or equal to ``branch_ids[i]``, and, with a sliding
     window, ``positions[i] - positions[j] < sliding_window``. One rule covers padding (segment 0),
-    packed rows (several segments) and a shared prompt with two responses (branches 1 and 2).
+    packed rows (several segments) and a shared prompt with K responses (branches 1..K, any K:
+    `data.packing.pack_groups`).
     """
     t = segment_ids.shape[-1]
     causal = jnp.tril(jnp.ones((t, t), dtype=bool))[None]
