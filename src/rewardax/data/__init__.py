@@ -9,6 +9,7 @@ from rewardax.data.collate import (
 )
 from rewardax.data.config import DataConfig
 from rewardax.data.formats import FORMATS, detect_dataset_format, detect_format, normalize_row
+from rewardax.data.groups import GROUP_KEYS, collate_groups
 from rewardax.data.loader import LoaderStats, PreferenceLoader, iterate_eval_batches
 from rewardax.data.packing import (
     PACKED_KEYS,
@@ -32,6 +33,7 @@ from rewardax.data.tokenize import PairEncoder, pad_token_id
 __all__ = [
     "BATCH_KEYS",
     "FORMATS",
+    "GROUP_KEYS",
     "PACKED_KEYS",
     "SHARED_PROMPT_KEYS",
     "DataConfig",
@@ -43,6 +45,7 @@ __all__ = [
     "ShardedDataSource",
     "StreamSource",
     "as_data_source",
+    "collate_groups",
     "collate_records",
     "common_prefix_length",
     "create_grain_collect_function",
