@@ -105,6 +105,7 @@ class PairScorer:
         batch_size: int,
     ):
         self.mesh = mesh
+        self.graphdef = graphdef
         self.tokenizer = tokenizer
         self.data_config = data_config
         self.batch_size = batch_size
