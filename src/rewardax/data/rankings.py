@@ -102,7 +102,14 @@ def score_row(row: Any, where: str) -> tuple[Any, float]:
             f"{where}, field 'response': missing; a score row needs the response it scores "
             "(a string, or a list of chat messages) next to its `score`"
         )
-    response = _response(row["response"], where, "response")
+    response = row["response"]
+    if not (isinstance(response, str) and response) and not (
+        isinstance(response, list) and response and all(isinstance(m, dict) for m in response)
+    ):
+        raise DataError(
+            f"{where}, field 'response': expected a non-empty string or a list of chat "
+            f"messages, got {response!r:.60}"
+        )
     score = row.get("score")
     if score is None:
         raise DataError(
