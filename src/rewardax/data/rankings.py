@@ -320,13 +320,25 @@ def response_rewards(
     return out
 
 
-def kendall_tau(x: np.ndarray, y: np.ndarray) -> float | None:
-    """Kendall's τ-b of two [K] vectors (ties in either allowed); None when undefined."""
+def kendall_tau(x: np.ndarray, y: np.ndarray, block: int = 1024) -> float | None:
+    """Kendall's τ-b of two [K] vectors (ties in either allowed); None when undefined.
+
+    Every pair is compared (O(K²) time); `block` rows at a time, so that the score rows of a
+    whole eval set (K = N rows) need O(block · N) memory, not O(N²)."""
     x, y = np.asarray(x, np.float64), np.asarray(y, np.float64)
-    i, j = np.triu_indices(len(x), k=1)
-    dx, dy = np.sign(x[i] - x[j]), np.sign(y[i] - y[j])
-    denominator = np.sqrt(np.sum(dx != 0) * np.sum(dy != 0))
-    return None if denominator == 0 else float(np.sum(dx * dy) / denominator)
+    concordance, x_pairs, y_pairs = 0.0, 0, 0
+    for start in range(0, len(x), block):
+        # Pairs (i, j) with i in this block and j > i.
+        i = np.arange(start, min(start + block, len(x)))[:, None]
+        j = np.arange(len(x))[None, :]
+        later = j > i
+        dx = np.where(later, np.sign(x[i] - x[j]), 0.0)
+        dy = np.where(later, np.sign(y[i] - y[j]), 0.0)
+        concordance += float(np.sum(dx * dy))
+        x_pairs += int(np.count_nonzero(dx))
+        y_pairs += int(np.count_nonzero(dy))
+    denominator = np.sqrt(float(x_pairs) * float(y_pairs))
+    return None if denominator == 0 else concordance / denominator
 
 
 def ranking_metrics(rows: list[Any], rewards: list[np.ndarray | None]) -> dict[str, Any]:
