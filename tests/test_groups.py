@@ -99,6 +99,27 @@ def test_ranked_rows_make_group_batches_padded_to_the_largest_row(tokenizer):
     assert short["attention_mask"][i, k].tolist()[:2] == [1, 0]
 
 
+def test_a_group_loader_resumes_at_the_next_batch(tokenizer):
+    data = ranked_rows(rows(TRAIN, 32))  # 16 rows, 8 batches of 2, length windows of 4 rows
+    config = DataConfig(max_sequence_length=64, length_group_window=4)
+
+    def make():
+        return PreferenceLoader(
+            data, tokenizer, config, batch_size=2, seed=3, loss="plackett_luce", num_epochs=1
+        )
+
+    whole = [b["input_ids"] for b in make()]
+    first = make()
+    batches = iter(first)
+    head = [next(batches)["input_ids"] for _ in range(3)]
+    resumed = make()
+    resumed.set_state(first.get_state())
+    tail = [b["input_ids"] for b in resumed]
+    assert len(whole) == 8 == len(head) + len(tail)
+    for a, b in zip(whole, head + tail, strict=True):
+        np.testing.assert_array_equal(a, b)
+
+
 @pytest.mark.parametrize(
     ("change", "needle"),
     [
