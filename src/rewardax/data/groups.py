@@ -108,7 +108,7 @@ class GroupProcessor:
         responses, truncated = [], False
         for k, row in enumerate(response_rows(group)):
             try:
-                ids, cut = self.encoder.encoder.fit(self.encoder._row_sequence(row), "response")
+                ids, cut = self.encoder.fit(row)
             except InvalidRow as bad:
                 # Named as the source row names it: `response`, or the k-th item of `responses`
                 # (`chosen` then `rejected` for lists).
