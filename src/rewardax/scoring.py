@@ -101,11 +101,17 @@ class ResponseEncoder:
         ids = enc.token_ids([full], add_special_tokens=False)[0]
         return enc.rendered_sequence(ids, full, common)  # the training rule
 
+    def fit(self, row: Any) -> tuple[list[int], bool]:
+        """Token ids of one row after the length policy, and whether they were cut; raises
+        InvalidRow for a bad row and FilteredPair when truncation_mode=filter drops it (training
+        on score and ranked rows, `rewardax.data.groups`, counts those)."""
+        return self.encoder.fit(self._row_sequence(row), "response")
+
     def encode(self, row: Any, where: str) -> np.ndarray:
         """Token ids int32 [L] of one row (L <= max_sequence_length); DataError naming `where`."""
         try:
             try:
-                ids, _ = self.encoder.fit(self._row_sequence(row), "response")
+                ids, _ = self.fit(row)
             except FilteredPair:
                 raise InvalidRow(
                     "too_long",
