@@ -16,6 +16,7 @@ from flax import nnx
 
 import rewardax as rx
 from data_fixtures import smollm2_tokenizer, tiny_llama
+from rewardax import data as rdata
 from rewardax import losses, ranking_losses
 from rewardax.data import DataConfig, PreferenceLoader
 from rewardax.errors import ConfigError, DataError
@@ -170,9 +171,12 @@ def test_rows_over_max_responses_and_packed_layouts_are_refused(tokenizer, tmp_p
     data = ranked_rows(rows(TRAIN, 4))
     with pytest.raises(DataError, match=r"rows\[0\]: 4 responses, more than train.max_responses=3"):
         loader(data, tokenizer, "plackett_luce", max_responses=3)
-    for layout in ("packed", "shared_prompt"):
-        with pytest.raises(ConfigError, match=r"only data\.layout=padded lays out"):
-            make_config(tmp_path, loss="plackett_luce", layout=layout).validate()
+    with pytest.raises(ConfigError, match=r"data\.layout=padded or shared_prompt lays out"):
+        make_config(tmp_path, loss="plackett_luce", layout="packed").validate()
+    with pytest.raises(ConfigError, match=r"padded or shared_prompt .*not packed"):
+        PreferenceLoader(
+            data, tokenizer, DataConfig(layout="packed"), batch_size=4, seed=0, loss="plackett_luce"
+        )
     with pytest.raises(ConfigError, match=r"set model\.num_labels=2"):
         make_config(tmp_path, loss="gaussian_nll").validate()
 
@@ -350,6 +354,45 @@ def test_a_tiny_model_trains_with_each_group_loss(tokenizer, tmp_path, loss):
     assert result.metrics["train"]["num_rows"] == 4
     after = flat_params({"params": trainer.state.params})
     assert np.abs(after - before).max() > 1e-4
+
+
+@pytest.mark.parametrize("loss", ["plackett_luce", "mse"])
+def test_shared_prompt_groups_train_as_padded_groups(tokenizer, tmp_path, loss):
+    """data.layout=shared_prompt lays each group out as one prompt and K branches
+    (`pack_group_records`): the same rows in the same order give the padded layout's losses and
+    parameters, with fewer computed tokens."""
+    pairs = rows(TRAIN, 24)
+    data = score_rows(pairs) if loss in losses.SCORE_LOSSES else ranked_rows(pairs)
+    found = {}
+    for layout in ("padded", "shared_prompt"):
+        config = make_config(
+            tmp_path,
+            max_training_steps=3,
+            run_name=layout,
+            loss=loss,
+            layout=layout,
+            length_group_window=1,  # the same batches in both layouts
+        )
+        trainer = rx.RewardTrainer(
+            config, tokenizer, model=tiny_llama(tokenizer), train_dataset=data
+        )
+        fns = trainer.configure_functions()
+        seen = []
+
+        def step(arrays, batch, fns=fns, seen=seen):
+            new, metrics = fns.train_step(arrays, batch)
+            seen.append((float(metrics["loss"]), rdata.token_counts(jax.device_get(batch))))
+            return new, metrics
+
+        trainer._functions = fns._replace(train_step=step)
+        trainer.train()
+        found[layout] = (seen, flat_params({"params": trainer.state.params}))
+    (padded, padded_params), (shared, shared_params) = found["padded"], found["shared_prompt"]
+    assert len(padded) == len(shared) == 3
+    np.testing.assert_allclose([s[0] for s in shared], [p[0] for p in padded], rtol=1e-5)
+    np.testing.assert_allclose(shared_params, padded_params, atol=2e-6)
+    computed = lambda runs: sum(counts[1] for _, counts in runs)  # noqa: E731
+    assert computed(shared) < computed(padded)
 
 
 # ------------------------------------------------------------------------------- evaluation

@@ -44,12 +44,17 @@ from rewardax.data import (
 from rewardax.data.collate import RowProcessor
 from rewardax.data.packing import choose_shape, row_ladder, shared_prompt_parts
 from rewardax.errors import ConfigError
-from rewardax.group_rewards import group_rewards, rewards_by_slot
 from rewardax.losses import masked_mean
 from rewardax.models.transformer import attention_mask
 from rewardax.ranking_losses import plackett_luce_loss
+from rewardax.steps import group_logits, rewards_by_slot
 
 ATOL = 1e-5  # float32, rewards of order 1
+
+
+def group_rewards(model, batch):
+    """The first head's reward [G, K] of a K-branch batch, as the group train step reads it."""
+    return group_logits(model, batch)[..., 0]
 
 
 def unit_model(kernels: str, arch: str = "llama"):
@@ -158,7 +163,7 @@ def test_several_groups_per_row(model, k):
     assert batch["segment_ids"].max() > 1  # a row holds several groups
     assert batch["input_ids"].shape[0] < 6
     check_rewards(model, groups, batch)
-    np.testing.assert_array_equal(batch["group_mask"], [1.0] * 6 + [0.0] * 2)
+    np.testing.assert_array_equal(batch["row_mask"], [1.0] * 6 + [0.0] * 2)
 
 
 @pytest.mark.parametrize(
@@ -177,7 +182,7 @@ def test_groups_of_unequal_size_under_every_attention(kernels, arch):
     seqs[1] = [*seqs[0], 17, EOS]
     batch = pack_groups(groups, EOS, group_size=4, batch_size=8, row_lengths=(32, 64))
     np.testing.assert_array_equal(batch["response_mask"].sum(axis=1), [1, 2, 3, 4, 2, 4, 0, 0])
-    np.testing.assert_array_equal(batch["group_mask"], [1] * 6 + [0] * 2)
+    np.testing.assert_array_equal(batch["row_mask"], [1] * 6 + [0] * 2)
     for g, group in enumerate(groups):
         k = len(group["ranks"])
         np.testing.assert_array_equal(batch["ranks"][g, :k], group["ranks"])
@@ -211,7 +216,7 @@ def test_a_response_never_sees_a_sibling(model):
 def test_listwise_loss_gradient_equals_padded():
     """Under jit, a Plackett-Luce loss on the K-branch batch's rewards has the gradient (every
     parameter) of the same loss on rewards read from one padded row per response: what a group
-    train step built on `group_rewards` will compute."""
+    train step (`steps.group_logits`) computes."""
     model = unit_model("cpu")
     groups = random_groups(21, [4, 2, 3, 4, 1])
     batch = pack_groups(groups, EOS, group_size=4, batch_size=6, row_lengths=(32, 64))
@@ -223,7 +228,7 @@ def test_listwise_loss_gradient_equals_padded():
 
     def loss(rewards):
         per_group = plackett_luce_loss(rewards, batch["ranks"], batch["response_mask"])
-        return masked_mean(per_group, batch["group_mask"])
+        return masked_mean(per_group, batch["row_mask"])
 
     def packed(p):
         return loss(group_rewards(nnx.merge(graphdef, p, rest), batch))
@@ -293,7 +298,7 @@ def test_documented_example_and_pair_packing_as_k_equal_2():
         np.testing.assert_array_equal(as_pairs[key], as_groups[key])
     np.testing.assert_array_equal(as_pairs["reward_positions"], as_groups["reward_positions"])
     np.testing.assert_array_equal(as_pairs["reward_slot"], as_groups["reward_slot"])
-    np.testing.assert_array_equal(as_pairs["pair_mask"], as_groups["group_mask"])
+    np.testing.assert_array_equal(as_pairs["pair_mask"], as_groups["row_mask"])
 
 
 def test_bad_groups_are_refused():

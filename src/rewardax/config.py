@@ -197,7 +197,8 @@ class TrainSection(Section):
     `plackett_luce` (listwise) and `all_pairs_bradley_terry` (the mean over a row's pairs, each
     row weighing the same) train K-response rows as groups of K; `mse` and `gaussian_nll` train
     score rows (`response` + `score`); `gaussian_nll` reads log σ² from the second head output
-    (model.num_labels=2). Group losses need data.layout=padded (`rewardax.ranking_losses`).
+    (model.num_labels=2). Group losses take data.layout=padded ([B, K, T]) or shared_prompt
+    (the prompt once, K branches; `rewardax.data.packing.pack_groups`), not packed.
     """
     max_responses: int | None = None
     """with a group loss: the most responses a row may have (K; a row with more is an error);
@@ -705,9 +706,9 @@ def _problems(config: RewardConfig, num_devices: int, num_processes: int) -> lis
 
     if t.loss != "bradley_terry":
         need(
-            d.layout == "padded",
-            f"train.loss={t.loss} trains groups of K responses, which only data.layout=padded "
-            f"lays out for now (got {d.layout}); set data.layout=padded",
+            d.layout in ("padded", "shared_prompt"),
+            f"train.loss={t.loss} trains groups of K responses, which data.layout=padded or "
+            f"shared_prompt lays out (got {d.layout})",
         )
         need(
             c is None,

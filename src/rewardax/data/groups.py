@@ -14,6 +14,10 @@ Batch format (numpy; what the group train step receives):
   response_mask  float32 [B, K]     1 for real responses, 0 for padded ones (rows with < K).
   ranks | scores float32 [B, K]     the targets (the batch key is the view's `target_name`).
   row_mask       float32 [B]        1 for real rows, 0 for padding rows.
+With data.layout=shared_prompt, `pack_group_records` lays the same records out as K-branch rows
+instead (each group's prompt once; `rewardax.data.packing.pack_groups`): rows [R, T] with
+segment, position and branch ids, `reward_slot` [B, K], and the same response_mask, targets and
+row_mask. `GROUP_KEYS` names the keys of both.
 """
 
 from __future__ import annotations
@@ -27,10 +31,17 @@ from rewardax.data.config import DataConfig
 from rewardax.data.formats import InvalidRow
 from rewardax.data.tokenize import FilteredPair
 
+# The keys a group train step takes, of either layout: [B, K, T] here, K-branch rows
+# (data.layout=shared_prompt, `rewardax.data.packing.KBRANCH_KEYS`) from `pack_group_records`.
 GROUP_KEYS = (
     "input_ids",
     "attention_mask",
     "reward_index",
+    "segment_ids",
+    "positions",
+    "branch_ids",
+    "reward_positions",
+    "reward_slot",
     "response_mask",
     "ranks",
     "scores",
@@ -175,3 +186,29 @@ def collate_groups(
         target_name: targets,
         "row_mask": row_mask,
     }
+
+
+def pack_group_records(
+    records: Sequence[dict],
+    pad_id: int,
+    batch_size: int,
+    width: int,
+    target_name: str,
+    row_lengths: Sequence[int],
+    row_multiple: int = 1,
+) -> dict[str, np.ndarray]:
+    """`GroupProcessor` records as one K-branch batch (data.layout=shared_prompt): each group's
+    prompt (the common token prefix of its responses) once, its responses as branches
+    (`rewardax.data.packing.pack_groups`, whose batch keys these are). The rewards equal the
+    padded layout's."""
+    from rewardax.data.packing import pack_groups  # packing imports collate, as loader does
+
+    return pack_groups(
+        [{"responses_input_ids": r["responses"], target_name: r["targets"]} for r in records],
+        pad_id,
+        group_size=width,
+        batch_size=batch_size,
+        row_lengths=row_lengths,
+        row_multiple=row_multiple,
+        per_response=(target_name,),
+    )

@@ -34,8 +34,13 @@ from rewardax.data.collate import (
 )
 from rewardax.data.config import DataConfig
 from rewardax.data.formats import InvalidRow, detect_dataset_format
-from rewardax.data.groups import GroupProcessor, collate_groups
-from rewardax.data.packing import pack_records, packing_row_lengths, token_counts
+from rewardax.data.groups import GroupProcessor, collate_groups, pack_group_records
+from rewardax.data.packing import (
+    group_row_lengths,
+    pack_records,
+    packing_row_lengths,
+    token_counts,
+)
 from rewardax.data.rankings import ResponseGroups, training_view
 from rewardax.data.sources import StreamSource, load_source
 from rewardax.data.tokenize import pad_token_id
@@ -277,10 +282,10 @@ class PreferenceLoader:
         # Rows that rank several responses are read as the pairs of their rankings, or as groups.
         self.source = training_view(load_source(source), loss, max_responses)
         self.groups = isinstance(self.source, ResponseGroups)
-        if self.groups and data_config.layout != "padded" and not eval_mode:
+        if self.groups and data_config.layout == "packed" and not eval_mode:
             raise ConfigError(
-                f"train.loss={loss} lays out groups of K responses with data.layout=padded only "
-                f"for now (got {data_config.layout}); set data.layout=padded"
+                f"train.loss={loss} lays out groups of K responses with data.layout=padded or "
+                "shared_prompt (the prompt once, K branches), not packed"
             )
         self.config = data_config
         self.batch_size, self.seed = int(batch_size), int(seed)
@@ -559,6 +564,16 @@ class PreferenceLoader:
         yield None, state, stats  # rows read after the last batch (dropped ones, a remainder)
 
     def _collate(self, group: list[dict]) -> dict[str, np.ndarray]:
+        if self.groups and self.layout == "shared_prompt":
+            return pack_group_records(
+                group,
+                self.pad_id,
+                self.batch_size,
+                self.source.width,
+                self.source.target_name,
+                group_row_lengths(self.config, self.source.width),
+                self.row_multiple,
+            )
         if self.groups:
             return collate_groups(
                 group,

@@ -52,10 +52,10 @@ the splash kernel cannot express the tree, so a batch with branch ids runs `xla_
                                     slots (read, then masked by response_mask).
   response_mask     float32 [G, K]  1 real response, 0 padding slot (a group with fewer than K
                                     responses, or a padding group).
-  group_mask        float32 [G]     1 real group, 0 padding group.
+  row_mask        float32 [G]     1 real group, 0 padding group.
   ranks, scores     float32 [G, K, ...]  the records' per-response arrays, carried as they are
                                     (0 at padding slots); only those the records have.
-`group_rewards.rewards_by_slot` turns the model's [R, S, L] output into rewards [G, K, L].
+`steps.rewards_by_slot` turns the model's [R, S, L] output into rewards [G, K, L].
 Measured on VADER's train sentences four to a prompt (tests/test_kbranch.py; 320 groups, 8 a
 batch, max length 128; sequences of 34.8 tokens, 10.0 of them the shared prefix): the rows hold
 0.78x the real tokens of the sequences apart and compute 0.47x the tokens of a padded [G, 4, T]
@@ -82,7 +82,7 @@ PACKED_KEYS = (
 )
 SHARED_PROMPT_KEYS = (*PACKED_KEYS, "branch_ids")
 # A K-branch batch's keys (`pack_groups`), besides the per-response arrays it carries.
-GROUP_KEYS = (
+KBRANCH_KEYS = (
     "input_ids",
     "segment_ids",
     "positions",
@@ -90,7 +90,7 @@ GROUP_KEYS = (
     "reward_positions",
     "reward_slot",
     "response_mask",
-    "group_mask",
+    "row_mask",
 )
 
 
@@ -321,14 +321,14 @@ def pack_groups(
         optionally, the per-response arrays named in `per_response` ([L_k] or [L_k, ...]).
       pad_id: the token id written at padding positions.
       group_size: K, the batch's responses per group (fixed, as batch_size is).
-      batch_size: G, the groups per batch; extra groups are padding (group_mask 0).
+      batch_size: G, the groups per batch; extra groups are padding (row_mask 0).
       row_lengths: allowed T, sorted; the longest must hold a whole group (`group_row_lengths`).
       row_multiple: R is a multiple of this (the data-parallel size).
       per_response: keys carried through as float32 [G, K, ...] arrays (0 at padding slots). A key
         is carried when the first record has it; every record must then have it.
 
     Returns:
-      dict of numpy arrays; `GROUP_KEYS` plus the carried `per_response` keys.
+      dict of numpy arrays; `KBRANCH_KEYS` plus the carried `per_response` keys.
 
     Example (groups of 3 and 2 responses, K = 3; the first group's prompt is [5], the second's [4])::
 
@@ -385,9 +385,9 @@ def pack_groups(
         row_lengths=row_lengths,
         row_multiple=row_multiple,
     )
-    group_mask = np.zeros((batch_size,), np.float32)
-    group_mask[: len(records)] = 1.0
-    return {**batch, "response_mask": response_mask, "group_mask": group_mask, **arrays}
+    row_mask = np.zeros((batch_size,), np.float32)
+    row_mask[: len(records)] = 1.0
+    return {**batch, "response_mask": response_mask, "row_mask": row_mask, **arrays}
 
 
 def packing_row_lengths(config: DataConfig) -> tuple[int, ...]:
