@@ -136,15 +136,20 @@ def cmd_train(args: argparse.Namespace, extra: list[str]) -> dict[str, Any]:
     )
     result = trainer.train()
     metrics = result.metrics
-    before = {k: v["accuracy"] for k, v in metrics.get("eval_before", {}).items()}
-    after = {k: v["accuracy"] for k, v in metrics.get("eval", {}).items()}
+    # Pair accuracy per eval set (score-row sets have none: their Spearman ρ is in `metrics`).
+    before = {
+        k: v["accuracy"] for k, v in metrics.get("eval_before", {}).items() if "accuracy" in v
+    }
+    after = {k: v["accuracy"] for k, v in metrics.get("eval", {}).items() if "accuracy" in v}
+    # The HTML report draws pairs; score-row sets are left out of it.
+    pair_sets = [n for n in eval_sources if n in after]
     report_dir = None
-    if eval_sets and not args.no_report and not result.stopped_early:
+    if pair_sets and not args.no_report and not result.stopped_early:
         facts = _run_facts(config, trainer, result, model_path, train_file, eval_sets)
         facts.update(started=started, wall_time_s=round(time.perf_counter() - start, 1))
         report_dir = _write_report(
             result.run_dir / "report",
-            metrics["eval"],
+            {n: metrics["eval"][n] for n in pair_sets},
             trainer._last_rewards,
             training_metrics=result.run_dir / "metrics.jsonl",
             title=f"rewardax run {result.run_dir.name}",
@@ -152,14 +157,17 @@ def cmd_train(args: argparse.Namespace, extra: list[str]) -> dict[str, Any]:
             run=facts,
             metrics_before=metrics.get("eval_before"),
             pairs={
-                name: _pair_texts(source, trainer._last_rewards[name], tokenizer)
-                for name, source in eval_sources.items()
+                name: _pair_texts(eval_sources[name], trainer._last_rewards[name], tokenizer)
+                for name in pair_sets
             },
         )
     wall = round(time.perf_counter() - start, 2)
     for name in after:
         was = f"{before[name]:.4f} -> " if name in before else ""
         _log(f"{name} accuracy {was}{after[name]:.4f}")
+    for name, values in metrics.get("eval", {}).items():
+        if name not in after:  # score rows
+            _log(f"{name}: {_scores_text(_score_row_summary(values))}")
     if result.stopped_early:
         _log(f"stopped early at step {metrics.get('step')}; rerun the same command to resume")
     else:
@@ -175,7 +183,7 @@ def cmd_train(args: argparse.Namespace, extra: list[str]) -> dict[str, Any]:
         "steps": metrics.get("step"),
         "accuracy_before": before,
         "accuracy_after": after,
-        "eval_loss": {k: v["loss"] for k, v in metrics.get("eval", {}).items()},
+        "eval_loss": {k: v["loss"] for k, v in metrics.get("eval", {}).items() if "loss" in v},
         "train_loss": metrics.get("train", {}).get("loss"),
         "data": metrics.get("data"),
         "wall_time_s": wall,
@@ -299,6 +307,12 @@ def _scores_text(scores: Mapping[str, float | None]) -> str:
     return ", ".join(f"{k} {_score_text(v)}" for k, v in scores.items())
 
 
+def _score_row_summary(metrics: Mapping[str, Any]) -> dict[str, float | None]:
+    """The console's numbers of a score-row evaluation (`rankings.score_metrics`)."""
+    keys = ("spearman", "kendall_tau", "mse")
+    return {k: metrics[k] for k in keys if k in metrics}
+
+
 def _rewardbench_line(scores: dict[str, Any], title: str, parts: str = "subsets") -> str:
     """ "RewardBench 2 score 0.6123 (Factuality 0.5000, ..., Ties 0.7100)": the console's summary."""
     return f"{title} score {_score_text(scores['score'])} ({_scores_text(scores[parts])})"
@@ -312,13 +326,15 @@ def cmd_eval(args: argparse.Namespace, extra: list[str]) -> dict[str, Any]:
     from rewardax.data import load_source
     from rewardax.data.rankings import (
         RankedPairs,
+        data_layout,
         has_random_access,
-        ranking_metrics,
+        pair_view_ranking_metrics,
         rankings_as_pairs,
         response_rewards,
     )
+    from rewardax.losses import SCORE_LOSSES
     from rewardax.models import AutoRewardModel, ModelOptions, load_tokenizer
-    from rewardax.pair_scoring import PairScorer
+    from rewardax.pair_scoring import PairScorer, ScoreRowScorer
     from rewardax.sharding import make_mesh
 
     model_path = local_model_path(args.model)
@@ -335,14 +351,39 @@ def cmd_eval(args: argparse.Namespace, extra: list[str]) -> dict[str, Any]:
     options = ModelOptions.from_section(config.model).for_inference()
     model = AutoRewardModel.load(model_path, options)
     dp, fsdp, tp = config.mesh.resolve(jax.device_count())
+    mesh = make_mesh(dp, fsdp, tp)
     scorer, arrays = PairScorer.for_model(
         model,
-        mesh=make_mesh(dp, fsdp, tp),
+        mesh=mesh,
         tokenizer=tokenizer,
         data_config=config.data,
         batch_size=config.train.per_device_eval_batch_size * dp * fsdp,
     )
     del model
+    if data_layout(source) == "scores":
+        # Score rows: every response scored alone, set against its score.
+        score_rows = ScoreRowScorer(
+            scorer.graphdef,
+            mesh=mesh,
+            tokenizer=tokenizer,
+            data_config=config.data,
+            batch_size=scorer.batch_size,
+        )
+        rewards = score_rows(arrays, source)
+        # MSE only for a model trained to predict the score (the run's train.loss).
+        metrics = rewards.metrics(mse=config.train.loss in SCORE_LOSSES)
+        _log(
+            f"{name}: {metrics['num_rows']} score rows: {_scores_text(_score_row_summary(metrics))}"
+        )
+        if args.report:
+            _log("the HTML report draws pairs: none is written for score rows")
+        return {
+            "command": "eval",
+            "model": model_path,
+            "data": args.data,
+            "report_dir": None,
+            "metrics": metrics,
+        }
     if has_random_access(source) and len(source) and rb.is_rewardbench2(source[0]):
         # RewardBench 2: every response scored (in pairs that cover them all), then its rules.
         pairs = rb.expand_rewardbench2(source)
@@ -359,10 +400,10 @@ def cmd_eval(args: argparse.Namespace, extra: list[str]) -> dict[str, Any]:
         rewards = scorer(arrays, source)
         subsets = _subsets(source, rewards.row_index)
         metrics = rewards.metrics(subsets=subsets)
-        if isinstance(source, RankedPairs) and source.layout == "ranks":
-            per_row = response_rewards(source, rewards.row_index, rewards.chosen, rewards.rejected)
-            rows = [source.source[i] for i in range(len(source.source))]
-            metrics["ranking"] = ranking_metrics(rows, per_row)
+        if isinstance(source, RankedPairs):
+            metrics["ranking"] = pair_view_ranking_metrics(
+                source, rewards.row_index, rewards.chosen, rewards.rejected
+            )
             scores = {k: v for k, v in metrics["ranking"].items() if k != "num_rows"}
             rows_scored = metrics["ranking"]["num_rows"]
             _log(f"{name}: rankings of {rows_scored} rows: {_scores_text(scores)}")

@@ -40,6 +40,9 @@ OptimizerName = Literal["adamw", "adafactor", "lion", "sgd"]
 ScheduleName = Literal["constant", "linear", "cosine"]
 NanPolicy = Literal["error", "skip_step"]
 ReportTarget = Literal["tensorboard", "wandb"]
+LossName = Literal[
+    "bradley_terry", "plackett_luce", "all_pairs_bradley_terry", "mse", "gaussian_nll"
+]
 LoraTarget = Literal["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 
 
@@ -188,6 +191,20 @@ class TrainSection(Section):
     """on a NaN or Inf loss or gradient, `error` stops naming the step (the last good checkpoint is
     kept) and `skip_step` drops that update and counts it.
     """
+    loss: LossName = "bradley_terry"
+    """the training objective, which must fit the data (checked when the data is opened):
+    `bradley_terry` trains pairs, and rows ranking K responses as the pairs they imply;
+    `plackett_luce` (listwise) and `all_pairs_bradley_terry` (the mean over a row's pairs, each
+    row weighing the same) train K-response rows as groups of K; `mse` and `gaussian_nll` train
+    score rows (`response` + `score`); `gaussian_nll` reads log σ² from the second head output
+    (model.num_labels=2). Group losses need data.layout=padded (`rewardax.ranking_losses`).
+    """
+    max_responses: int | None = None
+    """with a group loss: the most responses a row may have (K; a row with more is an error);
+    null takes the largest row of the training data.
+    """
+
+    omit_when_default: ClassVar[frozenset[str]] = frozenset({"loss", "max_responses"})
 
 
 class EvalSection(Section):
@@ -342,7 +359,7 @@ def describe_fields() -> list[tuple[str, str, Any, str]]:
     rows = []
     for section, cls in SECTIONS.items():
         helps = cls.field_help()
-        defaults = cls().to_dict()
+        defaults = cls().model_dump(mode="json")  # every field, the omitted-at-default ones too
         for name, info in cls.model_fields.items():
             text = helps[name]
             aliases = [alias for alias, target in ALIASES.items() if target == name]
@@ -685,6 +702,29 @@ def _problems(config: RewardConfig, num_devices: int, num_processes: int) -> lis
         c is None or (math.isfinite(c) and c >= 0),
         f"train.center_rewards_coefficient={c} must be 0 or more, or null to turn it off",
     )
+
+    if t.loss != "bradley_terry":
+        need(
+            d.layout == "padded",
+            f"train.loss={t.loss} trains groups of K responses, which only data.layout=padded "
+            f"lays out for now (got {d.layout}); set data.layout=padded",
+        )
+        need(
+            c is None,
+            f"train.center_rewards_coefficient centres the rewards of pairs; with train.loss="
+            f"{t.loss} set it to null",
+        )
+        need(
+            not d.margin_from_scores,
+            f"data.margin_from_scores makes margins for pairs; train.loss={t.loss} has none: "
+            "set it to false",
+        )
+    need(
+        t.loss != "gaussian_nll" or m.num_labels >= 2,
+        "train.loss=gaussian_nll reads the predicted log-variance from the second score head "
+        f"output; set model.num_labels=2 (got {m.num_labels})",
+    )
+    positive("train", t, "max_responses", nullable=True)
 
     positive("eval", config.eval, "eval_steps", nullable=True)
     ck = config.checkpoint

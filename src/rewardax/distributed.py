@@ -254,18 +254,31 @@ def lockstep(
     """
     iterator = iter(batches)
     keys: list[str] | None = None
+    template: dict[str, np.ndarray] | None = None
     while True:
         batch = next(iterator, None)
         if batch is not None:
-            keys = list(batch)
+            keys, template = list(batch), batch
         length = 0 if batch is None else batch["input_ids"].shape[-1]
         status = allgather(np.asarray([batch is not None, length], np.int64))
         if not status[:, 0].any():
             return
         target = int(status[:, 1].max())
-        if batch is None:
+        if batch is None and template is not None and "row_mask" in template:
+            batch = padding_like(template)  # a group batch (K responses per row)
+        elif batch is None:
             batch = padding_batch(batch_size, target, keys or list(_BATCH_DTYPES))
         yield pad_to_length(batch, target, pad_id)
+
+
+def padding_like(batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """A batch of padding rows only, shaped as `batch` (a group batch, `rewardax.data.groups`):
+    every mask 0 but one attended token per sequence, row_index -1."""
+    out = {k: np.zeros_like(v) for k, v in batch.items()}
+    out["attention_mask"][..., 0] = 1
+    if "row_index" in out:
+        out["row_index"][:] = -1
+    return out
 
 
 def local_row_indices(sharding: jax.sharding.Sharding, global_rows: int) -> np.ndarray:

@@ -44,7 +44,11 @@ _EVAL_FIELDS = (
     ("accuracy", "acc", ".4f"),
     ("mean_margin", "margin", ".4f"),
     ("ece", "ECE", ".4f"),
+    ("spearman", "spearman", ".4f"),  # score rows (`rankings.score_metrics`)
+    ("kendall_tau", "kendall", ".4f"),
+    ("mse", "mse", ".4f"),
     ("num_pairs", "pairs", "d"),
+    ("num_rows", "rows", "d"),
     ("num_truncated", "truncated", "d"),
 )
 

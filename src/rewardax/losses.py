@@ -8,6 +8,11 @@ never count and a sharded or accumulated batch is averaged per example over the 
 `masked_mean` is the same reduction for a single batch of any per-row loss (the listwise, tie and
 pointwise losses of `rewardax.ranking_losses`), and `combine_objectives` sums several reduced
 objectives with named weights.
+
+Group batches (K responses per row, `rewardax.steps.group_logits`) are reduced the same way by
+`group_metric_sums` and `group_metrics_from_sums`: the per-row formulas are
+`rewardax.ranking_losses`'s, summed over the real rows (`row_mask`) and divided once by their
+number over the whole batch.
 """
 
 from __future__ import annotations
@@ -18,6 +23,7 @@ from collections.abc import Mapping
 import jax
 import jax.numpy as jnp
 
+from rewardax import ranking_losses
 from rewardax.errors import ConfigError, DataError
 
 Array = jax.Array
@@ -218,3 +224,106 @@ def combine_objectives(
         # float32: an objective may come out of a bfloat16 head; adding in bfloat16 would round it.
         total = total + weight * loss.astype(jnp.float32)
     return total
+
+
+# The losses over a group batch, and the target each one reads: `ranks` [B, K] (lower is better)
+# for rows ranking K responses, `scores` [B, 1] for score rows.
+RANKING_LOSSES = ("plackett_luce", "all_pairs_bradley_terry")
+SCORE_LOSSES = ("mse", "gaussian_nll")
+GROUP_LOSSES = RANKING_LOSSES + SCORE_LOSSES
+
+
+def group_metric_sums(
+    rewards: Array,
+    targets: Array,
+    response_mask: Array,
+    row_mask: Array,
+    loss: str,
+    log_variance: Array | None = None,
+) -> dict[str, Array]:
+    """Sums over the real rows of one (micro)batch of groups, additive across microbatches and
+    devices (`group_metrics_from_sums` divides once), as `reward_metric_sums` is for pairs.
+
+    Args:
+      rewards: [B, K] rewards (K = 1 for score rows).
+      targets: [B, K] ranks (lower = better; ranking losses) or scores (score losses).
+      response_mask: [B, K] 1 for real responses, 0 for padding.
+      row_mask: [B] 1 for real rows, 0 for padding rows.
+      loss: one of `GROUP_LOSSES`.
+      log_variance: [B, K] predicted log σ² (gaussian_nll only).
+
+    Returns:
+      scalars: loss (Σ per-row loss), num_rows, reward and reward_sq (Σ r, Σ r² over real
+      responses), num_responses; for ranking losses also correct_pairs / num_ranked_pairs (the
+      pairs the ranks imply, a tie in reward counting ½); for score losses squared_error
+      (Σ (r − y)²).
+
+    Example: rewards [[2, 1, 0]], ranks [[0, 1, 2]], loss plackett_luce -> loss 0.7209
+    (`ranking_losses.plackett_luce_loss`), correct_pairs 3, num_ranked_pairs 3.
+    """
+    rewards = jnp.asarray(rewards).astype(jnp.float32)  # float32: see _as_pair_vector
+    targets = jnp.asarray(targets).astype(jnp.float32)
+    valid = jnp.asarray(response_mask) > 0
+    real = _as_pair_vector(row_mask, "row_mask") > 0
+    if rewards.ndim != 2 or targets.shape != rewards.shape or valid.shape != rewards.shape:
+        raise DataError(
+            f"group rewards {rewards.shape}, targets {targets.shape} and response_mask "
+            f"{valid.shape} must all be [B, K]"
+        )
+    if loss == "plackett_luce":
+        per_row = ranking_losses.plackett_luce_loss(rewards, targets, valid)
+    elif loss == "all_pairs_bradley_terry":
+        per_row = ranking_losses.all_pairs_bradley_terry_loss(rewards, targets, valid)
+    elif loss == "mse":
+        per_row = ranking_losses.mse_loss(rewards[:, 0], targets[:, 0])
+    elif loss == "gaussian_nll":
+        if log_variance is None:
+            raise ConfigError("gaussian_nll needs the predicted log-variance (model.num_labels=2)")
+        per_row = ranking_losses.gaussian_nll_loss(
+            rewards[:, 0], targets[:, 0], jnp.asarray(log_variance)[:, 0].astype(jnp.float32)
+        )
+    else:
+        raise ConfigError(f"unknown group loss {loss!r}; expected one of {GROUP_LOSSES}")
+    in_row = valid & real[:, None]
+
+    def total(values: Array, where: Array) -> Array:
+        # where, not multiply: a padded entry may hold NaN.
+        return jnp.sum(jnp.where(where, values, 0.0))
+
+    sums = {
+        "loss": total(per_row, real),
+        "num_rows": jnp.sum(real.astype(jnp.float32)),
+        "reward": total(rewards, in_row),
+        "reward_sq": total(jnp.square(rewards), in_row),
+        "num_responses": jnp.sum(in_row.astype(jnp.float32)),
+    }
+    if loss in RANKING_LOSSES:
+        pair = in_row[:, :, None] & in_row[:, None, :] & (targets[:, :, None] < targets[:, None, :])
+        diff = rewards[:, :, None] - rewards[:, None, :]
+        wins = jnp.where(diff > 0, 1.0, jnp.where(diff == 0, 0.5, 0.0))
+        sums["correct_pairs"] = total(wins, pair)
+        sums["num_ranked_pairs"] = jnp.sum(pair.astype(jnp.float32))
+    else:
+        sums["squared_error"] = total(jnp.square(rewards[:, 0] - targets[:, 0]), real)
+    return sums
+
+
+def group_metrics_from_sums(sums: dict[str, Array]) -> dict[str, Array]:
+    """Means from `group_metric_sums` (summed over microbatches): loss per real row, reward mean
+    and population std over the real responses, num_rows; `accuracy` over the ranked pairs or
+    `mse` over the score rows."""
+    n = jnp.maximum(sums["num_rows"], 1.0)
+    responses = jnp.maximum(sums["num_responses"], 1.0)
+    mean_reward = sums["reward"] / responses
+    variance = sums["reward_sq"] / responses - jnp.square(mean_reward)
+    out = {
+        "loss": sums["loss"] / n,
+        "reward_mean": mean_reward,
+        "reward_std": jnp.sqrt(jnp.maximum(variance, 0.0)),
+        "num_rows": sums["num_rows"],
+    }
+    if "correct_pairs" in sums:
+        out["accuracy"] = sums["correct_pairs"] / jnp.maximum(sums["num_ranked_pairs"], 1.0)
+    if "squared_error" in sums:
+        out["mse"] = sums["squared_error"] / n
+    return out

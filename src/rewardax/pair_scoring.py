@@ -20,6 +20,7 @@ from flax import nnx
 from rewardax import data as rdata
 from rewardax import distributed
 from rewardax.data.config import DataConfig
+from rewardax.data.rankings import score_metrics
 from rewardax.evaluation import preference_metrics
 from rewardax.sharding import (
     batch_sharding,
@@ -28,7 +29,7 @@ from rewardax.sharding import (
     state_shardings,
     traced_in_mesh,
 )
-from rewardax.steps import make_eval_step
+from rewardax.steps import make_eval_step, make_group_eval_step
 
 # Per-pair arrays gathered from the eval batches (besides the rewards).
 _PAIR_FIELDS = ("row_index", "chosen", "rejected", "margin", "chosen_lengths", "rejected_lengths")
@@ -58,6 +59,10 @@ class PairRewards:
     def __getitem__(self, name: str) -> Any:
         """`rewards["chosen"]`: the mapping view the report and older callers use."""
         return getattr(self, name)
+
+    def all_rewards(self) -> np.ndarray:
+        """Every reward, chosen then rejected: [2N]."""
+        return np.concatenate([self.chosen, self.rejected])
 
     def metrics(self, subsets: list[str] | None = None) -> dict[str, Any]:
         """`preference_metrics` of these rewards, with the truncation and drop counts."""
@@ -100,6 +105,7 @@ class PairScorer:
         batch_size: int,
     ):
         self.mesh = mesh
+        self.graphdef = graphdef
         self.tokenizer = tokenizer
         self.data_config = data_config
         self.batch_size = batch_size
@@ -156,6 +162,101 @@ class PairScorer:
         # Batches are grouped by length; put the pairs back in the order of the source rows.
         order = np.argsort(gathered["row_index"][real], kind="stable")
         return PairRewards(
+            **{k: v[real][order] for k, v in gathered.items()},
+            num_truncated=round(distributed.process_sum(stats.truncated)),
+            num_dropped=round(distributed.process_sum(sum(stats.dropped.values()))),
+        )
+
+
+@dataclass(frozen=True)
+class ScoreRewards:
+    """The rewards of a source's score rows (`response` + `score`), in the order of its rows
+    (filtered rows left out).
+
+    Attributes:
+      rewards, scores: float [N]; lengths: int [N] tokens scored; row_index: int [N];
+      num_truncated, num_dropped: as in `PairRewards`.
+    """
+
+    rewards: np.ndarray
+    scores: np.ndarray
+    lengths: np.ndarray
+    row_index: np.ndarray
+    num_truncated: int
+    num_dropped: int
+
+    def __getitem__(self, name: str) -> Any:
+        return getattr(self, name)
+
+    def all_rewards(self) -> np.ndarray:
+        return self.rewards
+
+    def metrics(self, *, mse: bool) -> dict[str, Any]:
+        """`rankings.score_metrics` (Spearman ρ, Kendall τ-b; MSE with `mse`), reward mean and
+        std, and the truncation and drop counts."""
+        result = score_metrics(self.rewards, self.scores, mse=mse)
+        result.update(
+            reward_mean=float(self.rewards.mean()) if self.rewards.size else None,
+            reward_std=float(self.rewards.std()) if self.rewards.size else None,
+            num_truncated=self.num_truncated,
+            num_dropped=self.num_dropped,
+        )
+        return result
+
+
+class ScoreRowScorer:
+    """Scores the score rows of a source (`response` + `score`) with a model's parameters: group
+    batches of K = 1 (`rewardax.data.groups`) through `steps.make_group_eval_step`. The same
+    arguments and multi-process behaviour as `PairScorer`."""
+
+    def __init__(
+        self,
+        graphdef: Any,
+        *,
+        mesh: jax.sharding.Mesh,
+        tokenizer: Any,
+        data_config: DataConfig,
+        batch_size: int,
+    ):
+        self.mesh, self.tokenizer = mesh, tokenizer
+        self.data_config, self.batch_size = data_config, batch_size
+        self._step = jax.jit(
+            traced_in_mesh(make_group_eval_step(graphdef), mesh), out_shardings=replicated(mesh)
+        )
+
+    def __call__(self, arrays: dict[str, Any], source: Any) -> ScoreRewards:
+        process_count = jax.process_count()
+        local_batch_size = self.batch_size // process_count
+        mine = distributed.local_row_indices(batch_sharding(self.mesh), self.batch_size)
+        parts: dict[str, list[np.ndarray]] = {
+            k: [] for k in ("rewards", "scores", "lengths", "row_index", "row_mask")
+        }
+        stats = rdata.LoaderStats()
+        batches = rdata.iterate_eval_batches(
+            source,
+            self.tokenizer,
+            self.data_config,
+            batch_size=local_batch_size,
+            process_index=jax.process_index(),
+            process_count=process_count,
+            stats=stats,
+            loss="mse",  # score rows as groups of one response
+        )
+        pad_id = rdata.pad_token_id(self.tokenizer)
+        for host_batch in distributed.lockstep(batches, local_batch_size, pad_id):
+            inputs = {k: host_batch[k] for k in rdata.GROUP_KEYS if k in host_batch}
+            out = jax.device_get(self._step(arrays, global_batch(inputs, self.mesh)))
+            parts["rewards"].append(np.asarray(out["rewards"])[mine][:, 0])
+            parts["scores"].append(np.asarray(host_batch["scores"])[:, 0])
+            parts["lengths"].append(np.asarray(host_batch["attention_mask"]).sum(-1)[:, 0])
+            parts["row_index"].append(np.asarray(host_batch["row_index"]))
+            parts["row_mask"].append(np.asarray(host_batch["row_mask"]))
+        gathered = {
+            k: distributed.allgather(np.concatenate(v)).reshape(-1) for k, v in parts.items()
+        }
+        real = gathered.pop("row_mask") > 0
+        order = np.argsort(gathered["row_index"][real], kind="stable")
+        return ScoreRewards(
             **{k: v[real][order] for k, v in gathered.items()},
             num_truncated=round(distributed.process_sum(stats.truncated)),
             num_dropped=round(distributed.process_sum(sum(stats.dropped.values()))),

@@ -36,6 +36,7 @@ from rewardax import data as rdata
 from rewardax import distributed
 from rewardax.config import RewardConfig
 from rewardax.errors import ConfigError, RewardaxError
+from rewardax.losses import SCORE_LOSSES
 from rewardax.models import lora
 from rewardax.models.auto import read_architecture
 from rewardax.models.config import ModelConfig
@@ -264,10 +265,24 @@ def _abstract_state(
     return graphdef, everything, arrays, shardings
 
 
-def _batch(pairs: int, length: int, sharding: Any) -> dict[str, jax.ShapeDtypeStruct]:
+# K planned for a group loss (train.loss other than bradley_terry) when train.max_responses is
+# not set: K comes from the data, which planning does not read.
+PLANNED_RESPONSES = 4
+
+
+def _batch(
+    pairs: int, length: int, sharding: Any, config: RewardConfig | None = None
+) -> dict[str, jax.ShapeDtypeStruct]:
     """The padded batch's shapes and dtypes (those of the loader's batches), split as the trainer
-    splits it."""
-    batch = distributed.padding_batch(pairs, length, rdata.BATCH_KEYS)
+    splits it. With a group loss, a group batch of `pairs` rows of K responses
+    (`rewardax.data.groups`; K = train.max_responses, else `PLANNED_RESPONSES`)."""
+    loss = "bradley_terry" if config is None else config.train.loss
+    if loss == "bradley_terry":
+        batch = distributed.padding_batch(pairs, length, rdata.BATCH_KEYS)
+    else:
+        k = 1 if loss in SCORE_LOSSES else (config.train.max_responses or PLANNED_RESPONSES)
+        target = "scores" if loss in SCORE_LOSSES else "ranks"
+        batch = rdata.collate_groups([], 0, [length], pairs, k, target)
     return {k: jax.ShapeDtypeStruct(v.shape, v.dtype, sharding=sharding) for k, v in batch.items()}
 
 
@@ -298,7 +313,7 @@ def _lay_out(config: RewardConfig, arch: ModelConfig, devices: list[Any]) -> _Jo
     schedule = build_schedule(config.optim, total_steps)
     dropout = config.model.dropout_rate > 0
     step = configured_train_step(config, graphdef, optimizer, schedule, dropout=dropout)
-    batch = _batch(pairs, config.data.max_sequence_length, batch_sharding(mesh))
+    batch = _batch(pairs, config.data.max_sequence_length, batch_sharding(mesh), config)
     jitted = jit_train_step(step, shardings, mesh)
     return _Job(config, arch, mesh, pairs, params, (arrays, batch), jitted)
 

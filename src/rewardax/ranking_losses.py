@@ -6,6 +6,11 @@ per microbatch and divide once by the number of real rows, which makes gradient 
 multi-device reduction exact, as for Bradley–Terry). Several of them combine with
 `rewardax.losses.combine_objectives`.
 
+The train step uses four of them through `train.loss` (`rewardax.losses.group_metric_sums` over
+`[B, K]` group batches): `plackett_luce_loss` and `all_pairs_bradley_terry_loss` for rows ranking
+K responses, `mse_loss` and `gaussian_nll_loss` (log σ² from the second head output) for score
+rows. The tie models (`davidson_loss`, `rao_kupper_loss`) are not used by the step yet.
+
 Shapes: B rows; K responses per row for the listwise losses, padded K entries flagged by a
 `[B, K]` mask. Ranks are numbers with lower = better (0 = best); equal ranks are a tie.
 Padded entries may hold anything, even NaN: they are replaced by 0 before any arithmetic, so that

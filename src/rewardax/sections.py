@@ -137,6 +137,9 @@ class Section(pydantic.BaseModel):
         revalidate_instances="never",
     )
     section: ClassVar[str] = ""
+    # Fields added after run names were first hashed from `to_dict()`: left out of it while they
+    # hold their default, so that an existing config keeps its dict, YAML and run name.
+    omit_when_default: ClassVar[frozenset[str]] = frozenset()
 
     def __init__(self, **values: Any) -> None:
         fields = type(self).model_fields
@@ -168,8 +171,13 @@ class Section(pydantic.BaseModel):
         return type(self)(**{**self.model_dump(), **changes})
 
     def to_dict(self) -> dict[str, Any]:
-        """{field: value} with plain JSON/YAML types (tuples as lists)."""
-        return self.model_dump(mode="json")
+        """{field: value} with plain JSON/YAML types (tuples as lists); the `omit_when_default`
+        fields only when they differ from their default."""
+        values = self.model_dump(mode="json")
+        for name in self.omit_when_default:
+            if values[name] == type(self).model_fields[name].get_default(call_default_factory=True):
+                del values[name]
+        return values
 
     @classmethod
     def field_help(cls) -> dict[str, str]:

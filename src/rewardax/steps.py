@@ -6,6 +6,13 @@ A batch is a dict of arrays with the pair axis explicit (see `rewardax.data`):
 Both responses of every pair go through the model in ONE forward pass of shape [2B, T].
 A packed batch (`rewardax.data.packing`: rows [R, T] with segment ids, `reward_slot` [B, 2]) goes
 through one forward pass of shape [R, T]; the loss and metrics code is the same for both.
+
+A group batch (`rewardax.data.collate_groups`; train.loss other than bradley_terry) holds K
+responses per row: input_ids / attention_mask [B, K, T], reward_index [B, K], response_mask
+[B, K] (0 = a padded response of a row with fewer than K), `ranks` [B, K] (lower is better) or
+`scores` [B, K] (score rows, K = 1), row_mask [B]. Its K responses per row go through one
+forward pass of shape [B*K, T]; `group_logits` is `pair_rewards`'s counterpart and
+`losses.group_metric_sums` the loss (formulas in `rewardax.ranking_losses`).
 """
 
 from __future__ import annotations
@@ -63,6 +70,60 @@ def pair_rewards(model: nnx.Module, batch: Batch, *, dropout_rng: jax.Array | No
     return rewards[:, 0], rewards[:, 1]
 
 
+def group_logits(model: nnx.Module, batch: Batch, *, dropout_rng: jax.Array | None = None):
+    """Scores the K responses of each row of a group batch in one forward pass of [B*K, T].
+
+    Returns:
+      [B, K, num_labels] float32 head outputs; [..., 0] is the reward.
+    """
+    kwargs = {}
+    if dropout_rng is not None:
+        kwargs = {"deterministic": False, "dropout_rng": dropout_rng}
+    input_ids = batch["input_ids"]
+    b, k, t = input_ids.shape
+    out = model(
+        input_ids.reshape(b * k, t),
+        batch["attention_mask"].reshape(b * k, t),
+        reward_positions=batch["reward_index"].reshape(b * k),
+        **kwargs,
+    )
+    return out.logits.astype(jnp.float32).reshape(b, k, -1)
+
+
+def group_targets(batch: Batch, loss: str) -> jax.Array:
+    """The [B, K] targets `loss` reads from a group batch: `ranks` or `scores` (ConfigError while
+    tracing when the batch carries the other kind)."""
+    name = "scores" if loss in losses.SCORE_LOSSES else "ranks"
+    if name not in batch:
+        fits = (
+            "mse or gaussian_nll"
+            if "scores" in batch
+            else "plackett_luce or all_pairs_bradley_terry"
+        )
+        raise ConfigError(f"train.loss={loss} needs `{name}` in the batch; this data fits {fits}")
+    return batch[name]
+
+
+def group_sums(logits: jax.Array, batch: Batch, loss: str) -> dict[str, jax.Array]:
+    """`losses.group_metric_sums` of a group batch's head outputs ([B, K, num_labels])."""
+    log_variance = None
+    if loss == "gaussian_nll":
+        if logits.shape[-1] < 2:
+            raise ConfigError(
+                "train.loss=gaussian_nll reads log σ² from the second head output; the model "
+                f"has num_labels={logits.shape[-1]}: set model.num_labels=2"
+            )
+        log_variance = logits[..., 1]
+    return losses.group_metric_sums(
+        logits[..., 0],
+        group_targets(batch, loss),
+        batch["response_mask"],
+        batch["row_mask"],
+        loss,
+        log_variance,
+    )
+
+
 def _microbatches(batch: Batch, accumulation_steps: int) -> Batch:
     """[B, ...] -> [A, B/A, ...] taking every A-th pair, so that each device's shard of the batch
     holds its share of every microbatch (a contiguous split would put a microbatch on few devices)."""
@@ -85,8 +146,13 @@ def make_train_step(
     offload_state: bool = False,
     offload_params: bool = False,
     compute_dtype: Any = jnp.bfloat16,
+    loss: str = "bradley_terry",
 ) -> Callable[[Arrays, Batch], tuple[Arrays, dict[str, jax.Array]]]:
     """Builds `train_step(arrays, batch) -> (new_arrays, metrics)` (not yet jitted).
+
+    `loss` is `bradley_terry` (pair batches) or one of `losses.GROUP_LOSSES` (group batches:
+    each microbatch's loss is its sum over real rows divided by the real rows of the whole
+    batch, as for pairs; metrics from `losses.group_metrics_from_sums`).
 
     Gradients are accumulated over `accumulation_steps` microbatches inside the step (a `lax.scan`);
     each microbatch's loss is its SUM over real pairs divided by the real pairs of the whole batch,
@@ -100,8 +166,17 @@ def make_train_step(
     copy made on the device (`device_copy`), and the fused AdamW update streams each parameter.
     """
 
+    groups = loss != "bradley_terry"
+    if groups and loss not in losses.GROUP_LOSSES:
+        raise ConfigError(f"unknown loss {loss!r}; expected bradley_terry or {losses.GROUP_LOSSES}")
+    real_key = "row_mask" if groups else "pair_mask"
+    metrics_from_sums = losses.group_metrics_from_sums if groups else losses.metrics_from_sums
+
     def micro_loss(params, rest, micro: Batch, total_pairs, rng):
         model = nnx.merge(graphdef, params, rest)
+        if groups:
+            sums = group_sums(group_logits(model, micro, dropout_rng=rng), micro, loss)
+            return sums["loss"] / total_pairs, sums
         chosen, rejected = pair_rewards(model, micro, dropout_rng=rng)
         sums = losses.reward_metric_sums(
             chosen, rejected, micro["margin"], micro["pair_mask"], center_coefficient
@@ -121,7 +196,7 @@ def make_train_step(
             )
         master, rest, step = arrays["params"], arrays["rest"], arrays["step"]
         params = device_copy(master, compute_dtype) if offload_params else master
-        total_pairs = jnp.maximum(jnp.sum(batch["pair_mask"].astype(jnp.float32)), 1.0)
+        total_pairs = jnp.maximum(jnp.sum(batch[real_key].astype(jnp.float32)), 1.0)
         step_key = jax.random.fold_in(jax.random.wrap_key_data(arrays["rng"]), step)
 
         def body(carry, xs):
@@ -159,7 +234,7 @@ def make_train_step(
         else:
             grads = jax.tree.map(lambda g, p: g.astype(p.dtype), grads, params)
             grad_norm = optax.tree.norm(grads)
-        metrics = losses.metrics_from_sums(sums)
+        metrics = metrics_from_sums(sums)
         finite = jnp.isfinite(metrics["loss"]) & jnp.isfinite(grad_norm)
 
         opt_state = arrays["opt_state"]
@@ -227,6 +302,7 @@ def configured_train_step(
         offload_state=config.optim.offload_state,
         offload_params=config.optim.offload_params,
         compute_dtype=config.model.dtype,
+        loss=config.train.loss,
     )
 
 
@@ -284,5 +360,17 @@ def make_eval_step(graphdef) -> Callable[[Arrays, Batch], dict[str, jax.Array]]:
         model = nnx.merge(graphdef, params, arrays["rest"])
         chosen, rejected = pair_rewards(model, batch)
         return {"chosen": chosen, "rejected": rejected}
+
+    return eval_step
+
+
+def make_group_eval_step(graphdef) -> Callable[[Arrays, Batch], dict[str, jax.Array]]:
+    """Builds `eval_step(arrays, group_batch) -> {"rewards": [B, K]}` (not jitted), the group
+    batch's counterpart of `make_eval_step`."""
+
+    def eval_step(arrays: Arrays, batch: Batch):
+        params = jax.device_put(arrays["params"], jax.memory.Space.Device)
+        model = nnx.merge(graphdef, params, arrays["rest"])
+        return {"rewards": group_logits(model, batch)[..., 0]}
 
     return eval_step

@@ -56,7 +56,8 @@ class TrainLog(Hook):
     def after_step(self, out: StepOutput) -> None:
         trainer = self.trainer
         self.batch_shapes.add(tuple((k, v.shape) for k, v in sorted(out.batch.items())))
-        self.pairs += float(out.metrics["num_pairs"])
+        # Group batches (a group loss) count rows.
+        self.pairs += float(out.metrics.get("num_pairs", out.metrics.get("num_rows", 0.0)))
         self.tokens += float(rdata.token_counts(out.batch)[0])
         every = trainer.config.logging.logging_steps
         if out.step % every and out.step != trainer.total_steps:

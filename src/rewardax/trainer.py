@@ -29,15 +29,22 @@ from rewardax import data as rdata
 from rewardax import distributed, hostmem
 from rewardax.checkpoint import CHECKPOINT_SUBDIR, TrainCheckpointer
 from rewardax.config import ModelSection, RewardConfig
+from rewardax.data.rankings import (
+    RankedPairs,
+    data_layout,
+    pair_view_ranking_metrics,
+    rankings_as_pairs,
+)
 from rewardax.errors import CheckpointError, ConfigError
 from rewardax.evaluation import reward_normalization
 from rewardax.logging import MetricsLogger
 from rewardax.loop import EveryNSteps, Loop
+from rewardax.losses import SCORE_LOSSES
 from rewardax.models import AutoRewardModel, ModelOptions, RewardModel, lora, smollm2_gguf_path
 from rewardax.models.auto import read_architecture
 from rewardax.models.kernels import compute_dtype
 from rewardax.optim import build_optimizer, build_schedule, constant_rate
-from rewardax.pair_scoring import PairScorer
+from rewardax.pair_scoring import PairScorer, ScoreRowScorer
 from rewardax.plan import memory_limit, resolve_auto
 from rewardax.sharding import (
     batch_sharding,
@@ -183,6 +190,8 @@ class RewardTrainer:
                 process_index=self.process_index,
                 process_count=self.process_count,
                 row_multiple=self.data_parallel_size,
+                loss=cfg.train.loss,
+                max_responses=cfg.train.max_responses,
             )
         self.eval_sets = self._named_eval_sets(eval_dataset)
         self.total_steps = self._total_steps()
@@ -531,9 +540,7 @@ class RewardTrainer:
                 evaluation = final_metrics["eval"]
             else:
                 evaluation = self._evaluate_and_log(logger, step)
-            rewards = np.concatenate(
-                [np.concatenate([r["chosen"], r["rejected"]]) for r in self._last_rewards.values()]
-            )
+            rewards = np.concatenate([r.all_rewards() for r in self._last_rewards.values()])
             normalization = reward_normalization(rewards)
             final_metrics["eval"] = evaluation
         final_metrics["data"] = self.train_loader.stats.as_dict()
@@ -559,31 +566,53 @@ class RewardTrainer:
     # --------------------------------------------------------------------------- evaluation
 
     def evaluate(self, eval_dataset: Any = None) -> dict[str, dict[str, Any]]:
-        """Evaluates every named eval set over all its pairs; returns metrics per set."""
+        """Evaluates every named eval set over all its pairs; returns metrics per set.
+
+        Rows ranking K responses are scored as the pairs they imply (pair metrics) and also
+        get `ranking` (`rankings.ranking_metrics`: Spearman ρ, Kendall τ, top-1 accuracy per
+        row); score rows get `rankings.score_metrics` (with MSE when train.loss predicts the
+        score: mse or gaussian_nll)."""
         sets = self._named_eval_sets(eval_dataset) if eval_dataset is not None else self.eval_sets
         if not sets:
             raise ConfigError("evaluate() needs an eval_dataset (here or in the constructor)")
         if self._scorer is None:  # one compiled eval step per batch shape, for the whole run
-            self._scorer = PairScorer(
-                self.state.graphdef,
+            scorer_args = dict(
                 mesh=self.mesh,
                 tokenizer=self.tokenizer,
                 data_config=self.config.data,
                 batch_size=self.config.train.per_device_eval_batch_size * self.data_parallel_size,
             )
+            self._scorer = PairScorer(self.state.graphdef, **scorer_args)
+            self._score_row_scorer = ScoreRowScorer(self.state.graphdef, **scorer_args)
         arrays = {"params": self.state.params, "rest": self.state.rest}
         results, self._last_rewards = {}, {}
         for name, source in sets.items():
-            rewards = self._scorer(arrays, source)
+            source = rdata.load_source(source)
+            if data_layout(source) == "scores":
+                rewards = self._score_row_scorer(arrays, source)
+                metrics = rewards.metrics(mse=self.config.train.loss in SCORE_LOSSES)
+            else:
+                source = rankings_as_pairs(source)
+                rewards = self._scorer(arrays, source)
+                # With the pairs cut to data.max_sequence_length and the rows left out, counted.
+                metrics = rewards.metrics()
+                if isinstance(source, RankedPairs):
+                    metrics["ranking"] = pair_view_ranking_metrics(
+                        source, rewards.row_index, rewards.chosen, rewards.rejected
+                    )
             self._last_rewards[name] = rewards
-            # With the pairs cut to data.max_sequence_length and the rows left out, counted.
-            results[name] = rewards.metrics()
+            results[name] = metrics
         return results
 
     def _evaluate_and_log(self, logger: MetricsLogger, step: int) -> dict:
         results = self.evaluate()
         for name, metrics in results.items():
             scalars = {k: v for k, v in metrics.items() if isinstance(v, int | float)}
+            # Ranked rows' `ranking` metrics as ranking_spearman, ranking_kendall_tau, ...
+            ranking = metrics.get("ranking") or {}
+            scalars.update(
+                {f"ranking_{k}": v for k, v in ranking.items() if isinstance(v, int | float)}
+            )
             logger.log(step, scalars, prefix=f"eval/{name}")
         return results
 
@@ -666,8 +695,11 @@ class RewardTrainer:
 def _model_inputs(batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     """The arrays the jitted steps take (eval batches also carry bookkeeping such as row_index).
 
-    A packed batch (it has `reward_slot`) keeps its own keys (`rewardax.data.packing`).
+    A packed batch (it has `reward_slot`) keeps its own keys (`rewardax.data.packing`), a group
+    batch (it has `row_mask`) its own (`rewardax.data.groups`).
     """
+    if "row_mask" in batch:
+        return {k: batch[k] for k in rdata.GROUP_KEYS if k in batch}
     if "reward_slot" in batch:
         keys = rdata.SHARED_PROMPT_KEYS if "branch_ids" in batch else rdata.PACKED_KEYS
         return {k: batch[k] for k in keys}

@@ -9,6 +9,7 @@ from rewardax.data.collate import (
 )
 from rewardax.data.config import DataConfig
 from rewardax.data.formats import FORMATS, detect_dataset_format, detect_format, normalize_row
+from rewardax.data.groups import GROUP_KEYS, collate_groups
 from rewardax.data.loader import LoaderStats, PreferenceLoader, iterate_eval_batches
 from rewardax.data.packing import (
     GROUP_KEYS,
@@ -47,6 +48,7 @@ __all__ = [
     "ShardedDataSource",
     "StreamSource",
     "as_data_source",
+    "collate_groups",
     "collate_records",
     "common_prefix_length",
     "create_grain_collect_function",

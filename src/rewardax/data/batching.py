@@ -45,6 +45,8 @@ def group_by_length(
 
     def length(i: int) -> tuple[int, int]:
         r = records[i]
+        if "responses" in r:  # a group record (`rewardax.data.groups`)
+            return (max(len(x) for x in r["responses"]), i)
         return (max(len(r["chosen_input_ids"]), len(r["rejected_input_ids"])), i)
 
     ordered = [records[i] for i in sorted(rest, key=length)]

@@ -11,6 +11,10 @@ Formats (decided once per dataset from its first rows, then every row must match
   - `pretokenized`: `chosen_input_ids` / `rejected_input_ids` (or TRL's `input_ids_chosen` /
     `input_ids_rejected`), optional `prompt_input_ids`.
 Every format may carry `margin`, or `score_chosen` / `score_rejected` (used when configured).
+
+Rows that are not pairs are recognised here too, so that a pair dataset names them when they
+turn up: score rows (`response` + `score`, `is_score_row`) and rows ranking K responses
+(`rewardax.data.rankings`); those datasets are read by `rewardax.data.rankings`.
 """
 
 from __future__ import annotations
@@ -71,6 +75,16 @@ class NormalizedPair:
 def _describe(value: Any) -> str:
     text = repr(value)
     return text if len(text) <= 60 else text[:57] + "..."
+
+
+def is_score_row(row: Any) -> bool:
+    """A pointwise row: one `response` (a string or chat messages, optional `prompt`) with a
+    numeric `score`, rather than a pair."""
+    return (
+        isinstance(row, dict)
+        and ("score" in row or "response" in row)
+        and not any(k in row for k in ("chosen", "rejected", "responses", "conversations"))
+    )
 
 
 def detect_format(row: Any) -> str | None:
@@ -325,6 +339,13 @@ def normalize_row(
             "wrong_type", "<row>", f"expected a mapping of fields, got {type(row).__name__}"
         )
     check_encodable(row, "")
+    if is_score_row(row):
+        raise InvalidRow(
+            "format_mismatch",
+            "score",
+            f"the dataset is in {fmt} pair format (decided by its first rows), this row is a "
+            "score row (`response` + `score`); keep one kind of row per dataset",
+        )
     found = detect_format(row)
     if found is not None and found != fmt:
         raise InvalidRow(

@@ -15,6 +15,7 @@ that an exact resume depends on.
 
 from __future__ import annotations
 
+import itertools
 import queue
 import threading
 from collections.abc import Iterator
@@ -33,8 +34,9 @@ from rewardax.data.collate import (
 )
 from rewardax.data.config import DataConfig
 from rewardax.data.formats import InvalidRow, detect_dataset_format
+from rewardax.data.groups import GroupProcessor, collate_groups
 from rewardax.data.packing import pack_records, packing_row_lengths, token_counts
-from rewardax.data.rankings import rankings_as_pairs
+from rewardax.data.rankings import ResponseGroups, training_view
 from rewardax.data.sources import StreamSource, load_source
 from rewardax.data.tokenize import pad_token_id
 from rewardax.errors import CheckpointError, ConfigError, DataError
@@ -48,7 +50,8 @@ _CHUNK_ROWS = 128
 class LoaderStats:
     """What the loader did so far (per process).
 
-    rows_read: source rows pulled; pairs_seen: real pairs handed out in batches; dropped: skipped or
+    rows_read: source rows pulled; pairs_seen: real pairs (group rows, with a group loss) handed
+    out in batches; dropped: skipped or
     filtered rows by reason; truncated: pairs with a cut sequence; real_tokens / computed_tokens:
     attention-mask ones vs B*2*T over handed-out batches.
     """
@@ -140,10 +143,16 @@ def _pack(first: int, epochs: list[int], records: list[dict | None]) -> dict:
     Returns: first (flat position of row 0), epoch int64 [n], index int64 [n], lengths int32 [n, 2]
     (chosen, rejected; 0 for dropped rows), ids int32 [sum of lengths] (chosen then rejected, row
     after row), margin float32 [n], truncated bool [n], drops {row: (reason, fatal, message)}.
+    Group records (`rewardax.data.groups`) have lengths [n, K] (0 past a row's responses) and
+    targets float32 [n, K] instead of margin.
     """
     n = len(records)
-    lengths = np.zeros((n, 2), dtype=np.int32)
+    kept = [r for r in records if "dropped" not in r]
+    group = any("responses" in r for r in kept)
+    width = max((len(r["responses"]) for r in kept), default=1) if group else 2
+    lengths = np.zeros((n, width), dtype=np.int32)
     margin = np.zeros((n,), dtype=np.float32)
+    targets = np.zeros((n, width), dtype=np.float32)
     truncated = np.zeros((n,), dtype=bool)
     index = np.zeros((n,), dtype=np.int64)
     pieces, drops = [], {}
@@ -152,11 +161,16 @@ def _pack(first: int, epochs: list[int], records: list[dict | None]) -> dict:
         if "dropped" in r:
             drops[j] = (r["dropped"], bool(r["fatal"]), r["message"])
             continue
-        c, rj = r["chosen_input_ids"], r["rejected_input_ids"]
-        lengths[j] = (len(c), len(rj))
-        margin[j], truncated[j] = r["margin"], r["truncated"]
-        pieces += (c, rj)
-    return {
+        if group:
+            sequences = r["responses"]
+            targets[j, : len(sequences)] = r["targets"]
+        else:
+            sequences = (r["chosen_input_ids"], r["rejected_input_ids"])
+            margin[j] = r["margin"]
+        lengths[j, : len(sequences)] = [len(x) for x in sequences]
+        truncated[j] = r["truncated"]
+        pieces += sequences
+    chunk = {
         "first": first,
         "epoch": np.asarray(epochs, dtype=np.int64),
         "index": index,
@@ -166,6 +180,9 @@ def _pack(first: int, epochs: list[int], records: list[dict | None]) -> dict:
         "truncated": truncated,
         "drops": drops,
     }
+    if group:
+        chunk["targets"] = targets
+    return chunk
 
 
 def _unpack(chunk: dict) -> Iterator[tuple[int, int, dict]]:
@@ -179,6 +196,17 @@ def _unpack(chunk: dict) -> Iterator[tuple[int, int, dict]]:
         if j in drops:
             reason, fatal, message = drops[j]
             record = {"dropped": reason, "fatal": fatal, "message": message, "index": index[j]}
+        elif "targets" in chunk:  # a group record: its responses are the nonzero lengths
+            width = lengths.shape[1]
+            k = int(np.count_nonzero(lengths[j]))
+            bounds = [start, *ends[width * j : width * j + k]]
+            record = {
+                "responses": [ids[a:b] for a, b in itertools.pairwise(bounds)],
+                "targets": chunk["targets"][j, :k],
+                "truncated": truncated[j],
+                "index": index[j],
+            }
+            start = ends[width * j + width - 1]
         else:
             mid, end = ends[2 * j], ends[2 * j + 1]
             record = {
@@ -209,6 +237,11 @@ class PreferenceLoader:
         layout, whatever `data_config.layout` says.
       row_multiple: with a packed layout, the row count R of every batch is a multiple of this
         (the data-parallel size, so rows split evenly over devices).
+      loss: the training loss (`train.loss`): `bradley_terry` reads pairs (rows ranking several
+        responses as the pairs they imply); a group loss reads groups of K responses
+        (`rankings.training_view`: DataError when the data does not fit the loss) and yields
+        `rewardax.data.groups` batches, always in the padded layout.
+      max_responses: with a group loss, the most responses a row may have (None: no cap).
 
     Example:
       loader = PreferenceLoader("train.jsonl", tok, DataConfig(max_sequence_length=256), batch_size=8, seed=0)
@@ -230,6 +263,8 @@ class PreferenceLoader:
         drop_remainder: bool = True,
         eval_mode: bool = False,
         row_multiple: int = 1,
+        loss: str = "bradley_terry",
+        max_responses: int | None = None,
     ):
         if batch_size < 1:
             raise ConfigError(f"batch_size must be positive, got {batch_size}")
@@ -239,8 +274,14 @@ class PreferenceLoader:
             raise ConfigError(
                 f"data.on_invalid must be 'error' or 'skip', got {data_config.on_invalid!r}"
             )
-        # Rows that rank several responses are read as the pairs of their rankings.
-        self.source = rankings_as_pairs(load_source(source))
+        # Rows that rank several responses are read as the pairs of their rankings, or as groups.
+        self.source = training_view(load_source(source), loss, max_responses)
+        self.groups = isinstance(self.source, ResponseGroups)
+        if self.groups and data_config.layout != "padded" and not eval_mode:
+            raise ConfigError(
+                f"train.loss={loss} lays out groups of K responses with data.layout=padded only "
+                f"for now (got {data_config.layout}); set data.layout=padded"
+            )
         self.config = data_config
         self.batch_size, self.seed = int(batch_size), int(seed)
         self.process_index, self.process_count = process_index, process_count
@@ -261,7 +302,11 @@ class PreferenceLoader:
         self.row_multiple = max(int(row_multiple), 1)
         self.row_lengths = packing_row_lengths(data_config)
         self.streaming = isinstance(self.source, StreamSource)
-        if self.streaming:
+        if self.groups:
+            fmt = None  # every row was checked by the view
+            if len(self.source) == 0:
+                raise DataError(f"{self.source.name}: the dataset has no rows")
+        elif self.streaming:
             fmt = None  # detected per row
         else:
             if len(self.source) == 0:
@@ -281,7 +326,10 @@ class PreferenceLoader:
             raise ConfigError(
                 f"the data is {fmt} but the tokenizer has no chat template; set one on the tokenizer"
             )
-        self.processor = RowProcessor(tokenizer, data_config, fmt)
+        if self.groups:
+            self.processor = GroupProcessor(tokenizer, data_config, self.source.layout)
+        else:
+            self.processor = RowProcessor(tokenizer, data_config, fmt)
         self.local_rows = (
             None if self.streaming else process_rows(len(self.source), process_index, process_count)
         )
@@ -511,6 +559,15 @@ class PreferenceLoader:
         yield None, state, stats  # rows read after the last batch (dropped ones, a remainder)
 
     def _collate(self, group: list[dict]) -> dict[str, np.ndarray]:
+        if self.groups:
+            return collate_groups(
+                group,
+                self.pad_id,
+                self.buckets,
+                self.batch_size,
+                self.source.width,
+                self.source.target_name,
+            )
         if self.layout == "padded":
             return collate_records(group, self.pad_id, self.buckets, self.batch_size)
         return pack_records(
@@ -590,10 +647,12 @@ def iterate_eval_batches(
     process_index: int = 0,
     process_count: int = 1,
     stats: LoaderStats | None = None,
+    loss: str = "bradley_terry",
 ) -> Iterator[dict[str, np.ndarray]]:
     """Every pair of `source` exactly once, in a deterministic order; the last batch padded (pair_mask 0).
 
     Batches also carry `row_index` int32 [B]: the source row of each pair (-1 for padding pairs).
+    With a group `loss`, group batches (`rewardax.data.groups`) of the source's rows instead.
     """
     loader = PreferenceLoader(
         source,
@@ -606,6 +665,7 @@ def iterate_eval_batches(
         num_epochs=1,
         drop_remainder=False,
         eval_mode=True,
+        loss=loss,
     )
     if stats is not None:
         loader.stats = stats

@@ -1,44 +1,62 @@
-"""Rows with K ≥ 2 responses, seen as the preference pairs their ranking implies.
+"""Rows with K ≥ 2 responses or one scored response: read as pairs, or as groups of K.
 
-Two layouts (decided by the first readable row; every row must then have it):
+Three layouts (decided by the first readable row; every row must then have it):
   - `responses` (K responses: strings, or chat message lists) with `ranks` (K numbers, lower is
     better; equal ranks are ties), and an optional `prompt`;
   - `chosen` and `rejected` as lists of responses (RewardBench 2's layout): every chosen
-    response is preferred to every rejected one.
+    response is preferred to every rejected one (as ranks: chosen 0, rejected 1);
+  - score rows: `response` (a string or a chat message list, optional `prompt` as for the
+    others) with `score`, a finite number (pointwise data, e.g. a mean human rating).
 
-`rankings_as_pairs(source)` presents such a source as one pair row per ordered (better, worse)
-couple: a row ranking K responses without ties gives K(K-1)/2 pairs, tied responses give none
-between them. The pairs then train and evaluate as any standard or conversational pair (a
-Bradley-Terry loss over all the ranking's pairs). Other fields (`prompt`, `subset`, `tools`,
-`chat_template_kwargs`, ...) are copied into each pair. Errors name the source row.
+How they train depends on `train.loss` (`training_view`, which refuses a loss that does not fit):
+  - `bradley_terry` (the default): `rankings_as_pairs(source)` presents a ranked source as one
+    pair row per ordered (better, worse) couple: K responses without ties give K(K-1)/2 pairs,
+    tied responses none between them. The pairs then train and evaluate as any standard or
+    conversational pair (a row with more responses weighs more). Score rows have no pairs.
+  - `plackett_luce`, `all_pairs_bradley_terry`: `ResponseGroups` presents each ranked row as a
+    group of its K responses with their ranks (`rewardax.data.groups` tokenizes and collates
+    them into `[B, K, T]` batches, K the largest row); the step applies the loss of
+    `rewardax.ranking_losses` per row, each row weighing the same.
+  - `mse`, `gaussian_nll`: `ResponseGroups` presents each score row as a group of one response
+    with its score.
+Other fields (`prompt`, `subset`, `tools`, `chat_template_kwargs`, ...) are copied into each pair
+or group. Errors name the source row and the field.
 
-Not done here (issue #31): the prompt encoded once for all K responses, and listwise losses
-(`rewardax.ranking_losses`) in the train step; a pair row counts once per pair in the loss, so a
-row with more responses weighs more.
+Evaluation: `ranking_metrics` (Spearman ρ, Kendall τ-b and top-1 accuracy per ranked row, from
+each response's reward: `response_rewards`) and `score_metrics` (Spearman ρ and Kendall τ-b
+between rewards and scores over all score rows, and their MSE).
+
+Not done here (issue #31): the prompt encoded once for all K responses (groups need
+data.layout=padded), tie-aware losses (Davidson, Rao-Kupper) in the train step, and streams
+(group losses need random access).
 """
 
 from __future__ import annotations
 
+import math
 import numbers
 from typing import Any
 
 import numpy as np
 
-from rewardax.data.formats import InvalidRow
+from rewardax.data.formats import InvalidRow, is_score_row
 from rewardax.data.sources import ListSource
 from rewardax.errors import DataError
 from rewardax.evaluation import spearman_correlation
+from rewardax.losses import RANKING_LOSSES, SCORE_LOSSES
 
-_RESPONSE_FIELDS = ("responses", "ranks", "chosen", "rejected")
+_RESPONSE_FIELDS = ("responses", "ranks", "chosen", "rejected", "response", "score")
 
 
 def ranking_layout(row: Any) -> str | None:
-    """ "ranks" (`responses` + `ranks`), "lists" (`chosen`/`rejected` lists of responses) or None
-    (a pair row, or not a dict)."""
+    """ "ranks" (`responses` + `ranks`), "lists" (`chosen`/`rejected` lists of responses),
+    "scores" (`response` + `score`) or None (a pair row, or not a dict)."""
     if not isinstance(row, dict):
         return None
     if "responses" in row or "ranks" in row:
         return "ranks"
+    if is_score_row(row):
+        return "scores"
     chosen, rejected = row.get("chosen"), row.get("rejected")
     if isinstance(chosen, list) and isinstance(rejected, list):
         # A conversational pair is a list of messages (dicts); a list of responses holds
@@ -60,14 +78,68 @@ def _response(value: Any, where: str, field: str) -> Any:
     )
 
 
+_LAYOUT_NAMES = {
+    "ranks": "list several responses (`responses` + `ranks`",
+    "lists": "list several responses (`chosen`/`rejected` lists",
+    "scores": "are score rows (`response` + `score`",
+}
+
+
+def _check_layout(row: Any, layout: str, where: str) -> None:
+    if ranking_layout(row) != layout:
+        found = sorted(row)[:8] if isinstance(row, dict) else type(row).__name__
+        raise DataError(
+            f"{where}: this dataset's rows {_LAYOUT_NAMES[layout]}, decided by its first row); "
+            f"this row does not (it has {found}): keep one kind of row per dataset"
+        )
+
+
+def score_row(row: Any, where: str) -> tuple[Any, float]:
+    """A score row's response and its score (a finite number), or DataError naming the field."""
+    _check_layout(row, "scores", where)
+    if row.get("response") is None:
+        raise DataError(
+            f"{where}, field 'response': missing; a score row needs the response it scores "
+            "(a string, or a list of chat messages) next to its `score`"
+        )
+    response = row["response"]
+    if not (isinstance(response, str) and response) and not (
+        isinstance(response, list) and response and all(isinstance(m, dict) for m in response)
+    ):
+        raise DataError(
+            f"{where}, field 'response': expected a non-empty string or a list of chat "
+            f"messages, got {response!r:.60}"
+        )
+    score = row.get("score")
+    if score is None:
+        raise DataError(
+            f"{where}, field 'score': missing; give the response's score as a finite number, or "
+            "drop the row"
+        )
+    if isinstance(score, bool) or not isinstance(score, numbers.Real) or not math.isfinite(score):
+        raise DataError(
+            f"{where}, field 'score': expected a finite number, got {score!r:.40}; fix the score "
+            "(a number, not a string, NaN or Inf) or drop the row"
+        )
+    return response, float(score)
+
+
+def row_group(row: Any, layout: str, where: str) -> tuple[list[Any], list[float]]:
+    """A row's responses and one target per response: its ranks (lower is better; `lists`:
+    chosen 0, rejected 1) or, for a score row, its score."""
+    if layout == "scores":
+        response, score = score_row(row, where)
+        return [response], [score]
+    responses, _ = row_pairs(row, layout, where)
+    if layout == "ranks":
+        return responses, [float(r) for r in row["ranks"]]
+    chosen = len(row["chosen"])
+    return responses, [0.0] * chosen + [1.0] * (len(responses) - chosen)
+
+
 def row_pairs(row: Any, layout: str, where: str) -> tuple[list[Any], list[tuple[int, int]]]:
     """A K-response row's responses and its (better, worse) index pairs."""
-    if ranking_layout(row) != layout:
-        raise DataError(
-            f"{where}: this dataset's rows list several responses ("
-            + ("`responses` + `ranks`" if layout == "ranks" else "`chosen`/`rejected` lists")
-            + ", decided by its first row); this row does not"
-        )
+    _check_layout(row, layout, where)
     if layout == "lists":
         chosen = [_response(x, where, "chosen") for x in row["chosen"]]
         rejected = [_response(x, where, "rejected") for x in row["rejected"]]
@@ -124,6 +196,100 @@ class RankedPairs(ListSource):
         return f"{self.source.where(i)} (response {a} over {b})"
 
 
+class ResponseGroups(ListSource):
+    """A random-access source of K-response or score rows, as group rows for the group losses.
+
+    Each item is the source row with `responses` (its K_i responses) and `targets` (K_i ranks,
+    lower is better, or the one score) in place of its response fields; `prompt`, `tools`,
+    `chat_template_kwargs` and other fields are kept. Every row is checked when the view is made.
+
+    Attributes:
+      source, layout ("ranks", "lists" or "scores"); width: K, the most responses of any row;
+      target_name: "ranks" or "scores" (the batch key of the targets).
+    """
+
+    def __init__(self, source: Any, layout: str, max_responses: int | None = None):
+        super().__init__((), name=getattr(source, "name", "rows"))
+        self.source, self.layout = source, layout
+        self.target_name = "scores" if layout == "scores" else "ranks"
+        width = 0
+        for i in range(len(source)):
+            responses, _ = row_group(_read(source, i), layout, source.where(i))
+            if max_responses is not None and len(responses) > max_responses:
+                raise DataError(
+                    f"{source.where(i)}: {len(responses)} responses, more than "
+                    f"train.max_responses={max_responses}; raise it (K responses per row cost K "
+                    "sequences of every row of a batch) or split the row"
+                )
+            width = max(width, len(responses))
+        self.width = width
+
+    def __len__(self) -> int:
+        return len(self.source)
+
+    def __getitem__(self, index: int) -> dict[str, Any]:
+        row = _read(self.source, int(index))
+        responses, targets = row_group(row, self.layout, self.source.where(int(index)))
+        group = {k: v for k, v in row.items() if k not in _RESPONSE_FIELDS}
+        return {**group, "responses": responses, "targets": targets}
+
+    def where(self, index: int) -> str:
+        return self.source.where(int(index))
+
+
+def data_layout(source: Any, probe_rows: int = 16) -> str | None:
+    """The layout of a random-access source ("ranks", "lists", "scores") from its first readable
+    row (of the first `probe_rows`), or None: pairs, a stream, or no readable row."""
+    if not has_random_access(source):
+        return None
+    for i in range(min(len(source), probe_rows)):
+        try:
+            row = source[i]
+        except InvalidRow:
+            continue
+        return ranking_layout(row)
+    return None
+
+
+def training_view(source: Any, loss: str, max_responses: int | None = None) -> Any:
+    """`source` as `loss` trains on it: pairs (`rankings_as_pairs`) for bradley_terry, a
+    `ResponseGroups` view for the group losses. A loss that does not fit the data is a DataError
+    that names the losses that do."""
+    layout = data_layout(source)
+    name = getattr(source, "name", "the data")
+    what = {
+        None: "preference pairs (`chosen` / `rejected`)",
+        "ranks": "rows ranking several responses (`responses` + `ranks`)",
+        "lists": "rows with `chosen` / `rejected` lists of responses",
+        "scores": "score rows (`response` + `score`)",
+    }[layout]
+    fits = {
+        None: "train.loss=bradley_terry (plackett_luce and all_pairs_bradley_terry of two "
+        "responses are the same loss)",
+        "ranks": "train.loss=bradley_terry (over the pairs they imply), plackett_luce or "
+        "all_pairs_bradley_terry",
+        "scores": "train.loss=mse or gaussian_nll",
+    }
+    fits["lists"] = fits["ranks"]
+    if loss == "bradley_terry":
+        if layout == "scores":
+            raise DataError(f"{name} holds {what}, which have no pairs: use {fits[layout]}")
+        return rankings_as_pairs(source)
+    wanted = ("ranks", "lists") if loss in RANKING_LOSSES else ("scores",)
+    if loss not in RANKING_LOSSES + SCORE_LOSSES:
+        raise DataError(f"unknown train.loss={loss!r}")
+    if not has_random_access(source):
+        raise DataError(
+            f"train.loss={loss} needs data it can read by row (a file, a list or a Dataset: every "
+            "row is checked and K is the largest row); a stream cannot be: use a file"
+        )
+    if layout not in wanted:
+        raise DataError(
+            f"train.loss={loss} does not fit {name}, which holds {what}: use {fits[layout]}"
+        )
+    return ResponseGroups(source, layout, max_responses)
+
+
 def response_rewards(
     pairs: RankedPairs, pair_index: np.ndarray, chosen: np.ndarray, rejected: np.ndarray
 ) -> list[np.ndarray | None]:
@@ -154,13 +320,25 @@ def response_rewards(
     return out
 
 
-def kendall_tau(x: np.ndarray, y: np.ndarray) -> float | None:
-    """Kendall's τ-b of two [K] vectors (ties in either allowed); None when undefined."""
+def kendall_tau(x: np.ndarray, y: np.ndarray, block: int = 1024) -> float | None:
+    """Kendall's τ-b of two [K] vectors (ties in either allowed); None when undefined.
+
+    Every pair is compared (O(K²) time); `block` rows at a time, so that the score rows of a
+    whole eval set (K = N rows) need O(block · N) memory, not O(N²)."""
     x, y = np.asarray(x, np.float64), np.asarray(y, np.float64)
-    i, j = np.triu_indices(len(x), k=1)
-    dx, dy = np.sign(x[i] - x[j]), np.sign(y[i] - y[j])
-    denominator = np.sqrt(np.sum(dx != 0) * np.sum(dy != 0))
-    return None if denominator == 0 else float(np.sum(dx * dy) / denominator)
+    concordance, x_pairs, y_pairs = 0.0, 0, 0
+    for start in range(0, len(x), block):
+        # Pairs (i, j) with i in this block and j > i.
+        i = np.arange(start, min(start + block, len(x)))[:, None]
+        j = np.arange(len(x))[None, :]
+        later = j > i
+        dx = np.where(later, np.sign(x[i] - x[j]), 0.0)
+        dy = np.where(later, np.sign(y[i] - y[j]), 0.0)
+        concordance += float(np.sum(dx * dy))
+        x_pairs += int(np.count_nonzero(dx))
+        y_pairs += int(np.count_nonzero(dy))
+    denominator = np.sqrt(float(x_pairs) * float(y_pairs))
+    return None if denominator == 0 else concordance / denominator
 
 
 def ranking_metrics(rows: list[Any], rewards: list[np.ndarray | None]) -> dict[str, Any]:
@@ -189,6 +367,36 @@ def ranking_metrics(rows: list[Any], rewards: list[np.ndarray | None]) -> dict[s
     }
 
 
+def pair_view_ranking_metrics(
+    pairs: RankedPairs, pair_index: np.ndarray, chosen: np.ndarray, rejected: np.ndarray
+) -> dict[str, Any]:
+    """`ranking_metrics` of a ranked source scored as its pairs (`RankedPairs`, either layout;
+    `chosen`/`rejected` lists rank chosen 0, rejected 1): each response's reward from its scored
+    pairs (`response_rewards`), set against the row's ranks."""
+    per_row = response_rewards(pairs, pair_index, chosen, rejected)
+    source = pairs.source
+    rows = [
+        {"ranks": row_group(_read(source, i), pairs.layout, source.where(i))[1]}
+        for i in range(len(source))
+    ]
+    return ranking_metrics(rows, per_row)
+
+
+def score_metrics(rewards: np.ndarray, scores: np.ndarray, *, mse: bool) -> dict[str, Any]:
+    """How well rewards follow the scores of N score rows: Spearman ρ and Kendall τ-b over all
+    rows (None when undefined), and, with `mse` (a model trained to predict the score: mse or
+    gaussian_nll), the mean squared error mean((r − y)²)."""
+    rewards, scores = np.asarray(rewards, np.float64), np.asarray(scores, np.float64)
+    out: dict[str, Any] = {
+        "spearman": spearman_correlation(rewards, scores),
+        "kendall_tau": kendall_tau(rewards, scores),
+        "num_rows": int(rewards.size),
+    }
+    if mse:
+        out["mse"] = float(np.mean(np.square(rewards - scores))) if rewards.size else None
+    return out
+
+
 def _read(source: Any, index: int) -> Any:
     """Row ``index``; one that cannot be read (bad JSON) is a DataError naming it: a ranked
     dataset is checked whole when it is opened."""
@@ -215,5 +423,5 @@ def rankings_as_pairs(source: Any, probe_rows: int = 16) -> Any:
         except InvalidRow:
             continue
         layout = ranking_layout(row)
-        return source if layout is None else RankedPairs(source, layout)
+        return source if layout in (None, "scores") else RankedPairs(source, layout)
     return source
