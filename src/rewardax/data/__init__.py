@@ -11,6 +11,7 @@ from rewardax.data.config import DataConfig
 from rewardax.data.formats import FORMATS, detect_dataset_format, detect_format, normalize_row
 from rewardax.data.groups import GROUP_KEYS, collate_groups
 from rewardax.data.loader import LoaderStats, PreferenceLoader, iterate_eval_batches
+
 # packing.GROUP_KEYS (the K-branch packed layout's keys) stays in its module: importing it here
 # would replace groups.GROUP_KEYS, the padded group batch's keys that the trainer sends.
 from rewardax.data.packing import (
