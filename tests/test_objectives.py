@@ -242,15 +242,28 @@ def test_objective_step_equals_the_hand_loss_and_accumulation_is_exact():
 # ------------------------------------------------------------------ a run, export, eval, score
 
 
+def head_outputs(model, tokenizer, texts):
+    """Independent reference: every head output of each text, tokenized here (+EOS, as training
+    does) and run by `rewardax.scoring.RewardScorer` (its own padding and batching)."""
+    from rewardax.scoring import RewardScorer
+
+    scorer = RewardScorer(
+        model, pad_id=tokenizer.eos_token_id, max_sequence_length=64, batch_size=32
+    )
+    return scorer.outputs(
+        [np.asarray([*tokenizer(t).input_ids, tokenizer.eos_token_id]) for t in texts]
+    )
+
+
 def two_head_model(tokenizer, seed=0):
     base = tiny_llama(tokenizer)
     return RewardModel(dataclasses.replace(base.config, num_labels=2), rngs=nnx.Rngs(seed))
 
 
-def test_a_tiny_two_objective_run_trains_exports_reloads_and_evaluates(tokenizer, tmp_path):
+def test_a_tiny_two_objective_run_trains_exports_and_reloads(tokenizer, tmp_path):
     """3 steps whose logged loss equals the hand loss over the outputs the model gave each
     batch; the export carries the names (transformers reads them) and reloads with the same
-    outputs; eval reports each objective from independent outputs."""
+    outputs."""
     data = named_rows(rows(TRAIN, 24))
     heldout = named_rows(rows(HELDOUT, 8))
     weights = {"helpfulness": 1.0, "correctness": 0.5}
@@ -263,7 +276,6 @@ def test_a_tiny_two_objective_run_trains_exports_reloads_and_evaluates(tokenizer
         tokenizer,
         model=two_head_model(tokenizer),
         train_dataset=data,
-        eval_dataset={"heldout": heldout},
     )
     fns = trainer.configure_functions()
     graphdef = trainer.state.graphdef
@@ -309,17 +321,20 @@ def test_a_tiny_two_objective_run_trains_exports_reloads_and_evaluates(tokenizer
     auto = transformers.AutoConfig.from_pretrained(export)
     assert auto.num_labels == 2 and auto.id2label == {0: "helpfulness", 1: "correctness"}
 
-    # Eval per objective, against each row's outputs computed here, over the rows scoring it.
-    metrics = result.metrics["eval"]["heldout"]
-    texts = [r["prompt"] + r["response"] for r in heldout]
-    want = np.asarray(
-        [
-            np.asarray(
-                reloaded(np.asarray([[*tokenizer(t).input_ids, tokenizer.eos_token_id]])).logits
-            )[0]
-            for t in texts
-        ]
+
+def test_eval_reports_each_objective_from_independent_outputs(tokenizer, tmp_path):
+    """Spearman, Kendall and MSE per objective, each over the rows that score it, equal those of
+    head outputs computed apart from the trainer."""
+    heldout = named_rows(rows(HELDOUT, 8))
+    model = two_head_model(tokenizer, seed=3)
+    trainer = rx.RewardTrainer(
+        objective_config(tmp_path, run_name="eval"),
+        tokenizer,
+        model=model,
+        eval_dataset={"heldout": heldout},
     )
+    metrics = trainer.evaluate()["heldout"]
+    want = head_outputs(model, tokenizer, [r["prompt"] + r["response"] for r in heldout])
     for i, name in enumerate(NAMES):
         scored = [j for j, r in enumerate(heldout) if name in r["scores"]]
         target = np.array([heldout[j]["scores"][name] for j in scored])
@@ -352,14 +367,7 @@ def test_cli_score_and_eval_name_each_objective(tokenizer, tmp_path, capsys):
     assert code == 0, err
     scored = [json.loads(line) for line in (tmp_path / "scored.jsonl").read_text().splitlines()]
     texts = [r["prompt"] + r["response"] for r in data]
-    want = np.asarray(
-        [
-            np.asarray(
-                model(np.asarray([[*tokenizer(t).input_ids, tokenizer.eos_token_id]])).logits
-            )[0]
-            for t in texts
-        ]
-    )
+    want = head_outputs(model, tokenizer, texts)
     for row, expected in zip(scored, want, strict=True):
         assert list(row["rewards"]) == NAMES
         assert row["rewards"]["helpfulness"] == pytest.approx(expected[0], abs=1e-5)
@@ -375,3 +383,11 @@ def test_cli_score_and_eval_name_each_objective(tokenizer, tmp_path, capsys):
     assert got["num_rows"] == len(scored_rows) and "correctness (" in err
     assert got["mse"] == pytest.approx(np.mean((want[scored_rows, 1] - target) ** 2), rel=1e-4)
     assert math.isfinite(metrics["objectives"]["helpfulness"]["spearman"])
+
+    # rewardax serve names the objectives in GET /info and serves the first as the reward.
+    from rewardax.serve.model import ServingModel
+
+    serving = ServingModel(model_dir, overrides=["data.max_sequence_length=64"])
+    assert serving.info()["objectives"] == NAMES
+    ids = [np.asarray([*tokenizer(t).input_ids, tokenizer.eos_token_id]) for t in texts[:2]]
+    np.testing.assert_allclose(serving.rewards(ids), want[:2, 0], atol=1e-5)
