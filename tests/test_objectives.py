@@ -321,6 +321,13 @@ def test_a_tiny_two_objective_run_trains_exports_and_reloads(tokenizer, tmp_path
     auto = transformers.AutoConfig.from_pretrained(export)
     assert auto.num_labels == 2 and auto.id2label == {0: "helpfulness", 1: "correctness"}
 
+    # `rewardax export` of the run's last checkpoint keeps them too.
+    from rewardax.export import export_checkpoint
+
+    export_checkpoint(result.run_dir / "checkpoints", tmp_path / "again")
+    again = json.loads((tmp_path / "again" / "config.json").read_text())
+    assert again["id2label"] == hf["id2label"] and again["num_labels"] == 2
+
 
 def test_eval_reports_each_objective_from_independent_outputs(tokenizer, tmp_path):
     """Spearman, Kendall and MSE per objective, each over the rows that score it, equal those of
@@ -391,3 +398,17 @@ def test_cli_score_and_eval_name_each_objective(tokenizer, tmp_path, capsys):
     assert serving.info()["objectives"] == NAMES
     ids = [np.asarray([*tokenizer(t).input_ids, tokenizer.eos_token_id]) for t in texts[:2]]
     np.testing.assert_allclose(serving.rewards(ids), want[:2, 0], atol=1e-5)
+
+
+def test_model_config_label_names_round_trip_and_refusals():
+    named = dataclasses.replace(TINY, num_labels=2, label_names=("helpful", "safe"))
+    d = named.to_hf_dict()
+    assert d["id2label"] == {"0": "helpful", "1": "safe"}
+    assert d["label2id"] == {"helpful": 0, "safe": 1}
+    assert rx.ModelConfig.from_hf_dict(d) == named
+    plain = dataclasses.replace(TINY, num_labels=2)
+    assert plain.to_hf_dict()["id2label"] == {"0": "LABEL_0", "1": "LABEL_1"}
+    assert rx.ModelConfig.from_hf_dict(plain.to_hf_dict()).label_names is None
+    for names in (("helpful",), ("a", "a")):
+        with pytest.raises(ConfigError, match=r"label_names=.* must be 2 distinct names"):
+            plain.replace(label_names=names)
