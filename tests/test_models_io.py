@@ -259,8 +259,10 @@ def test_options_from_a_run_config_carry_every_model_setting():
     # settings are not how a model is built: the trainer adds adapters to the loaded model
     # (`models.lora.add_adapters`), and `rewardax export` does the same to the checkpoint's.
     lora = {"lora_rank", "lora_alpha", "lora_targets"}
-    section_fields = set(ModelSection.model_fields) - {"path"} - lora
-    assert {f.name for f in dataclasses.fields(ModelOptions)} == section_fields | {"seed"}
+    # model.objectives is ModelOptions' label_names (and its head width).
+    section_fields = set(ModelSection.model_fields) - {"path", "objectives"} - lora
+    options_fields = {f.name for f in dataclasses.fields(ModelOptions)}
+    assert options_fields == section_fields | {"seed", "label_names"}
     section = ModelSection(
         dtype="bfloat16",
         param_dtype="bfloat16",
@@ -278,3 +280,6 @@ def test_options_from_a_run_config_carry_every_model_setting():
     scoring = options.for_inference()
     assert (scoring.dropout_rate, scoring.remat_policy) == (0.0, "none")
     assert scoring.replace(dropout_rate=0.2, remat_policy="full") == options
+    assert options.label_names is None
+    named = ModelOptions.from_section(ModelSection(objectives=["helpful", "safe"]))
+    assert (named.num_labels, named.label_names) == (2, ("helpful", "safe"))

@@ -368,6 +368,7 @@ def cmd_eval(args: argparse.Namespace, extra: list[str]) -> dict[str, Any]:
             tokenizer=tokenizer,
             data_config=config.data,
             batch_size=scorer.batch_size,
+            objectives=config.model.objectives,
         )
         rewards = score_rows(arrays, source)
         # MSE only for a model trained to predict the score (the run's train.loss).
@@ -375,6 +376,11 @@ def cmd_eval(args: argparse.Namespace, extra: list[str]) -> dict[str, Any]:
         _log(
             f"{name}: {metrics['num_rows']} score rows: {_scores_text(_score_row_summary(metrics))}"
         )
+        for objective, values in (metrics.get("objectives") or {}).items():
+            _log(
+                f"  {objective} ({values['num_rows']} rows): "
+                f"{_scores_text(_score_row_summary(values))}"
+            )
         if args.report:
             _log("the HTML report draws pairs: none is written for score rows")
         return {

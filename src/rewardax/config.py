@@ -18,6 +18,7 @@ and the value checks of `validate()`, each with the change it asks for.
 
 from __future__ import annotations
 
+import difflib
 import math
 import os
 from collections.abc import Iterable, Mapping
@@ -50,6 +51,7 @@ class ModelSection(Section):
     """The reward model: which weights, in which precision, how it runs."""
 
     section: ClassVar[str] = "model"
+    omit_when_default: ClassVar[frozenset[str]] = frozenset({"objectives"})
 
     path: str | None = None
     """a Hugging Face model directory (safetensors) or a `.gguf` file; null means the built-in
@@ -85,6 +87,13 @@ class ModelSection(Section):
     """
     num_labels: int = 1
     """outputs of the score head; the first one is the reward."""
+    objectives: list[str] | None = None
+    """names of a multi-objective head's outputs, e.g. [helpfulness, correctness]: the head has
+    one output per name (num_labels is their count; another num_labels than 1 or that count is
+    refused), trained with train.loss=mse on named-score rows (`response` + `scores: {name:
+    value}`), weighted by train.objective_weights, and exported with the names in id2label. The
+    first name is the reward that pairs, ranks and `reward` read.
+    """
     kernels: KernelSetting = "auto"
     """how projections and attention are computed (`rewardax.models.kernels`): `auto` picks by
     backend (`cpu` on a CPU, `pallas` on a TPU, `xla` elsewhere); `cpu` is the XLA:CPU-tuned
@@ -111,6 +120,11 @@ class ModelSection(Section):
         ]
     )
     """the projections that get adapters."""
+
+    @property
+    def head_width(self) -> int:
+        """The score head's outputs: one per objective with `objectives`, else `num_labels`."""
+        return len(self.objectives) if self.objectives else self.num_labels
 
 
 class OptimSection(Section):
@@ -205,7 +219,29 @@ class TrainSection(Section):
     null takes the largest row of the training data.
     """
 
-    omit_when_default: ClassVar[frozenset[str]] = frozenset({"loss", "max_responses"})
+    objective_weights: dict[str, float] | None = None
+    """with model.objectives: each objective's weight w in the loss Σ w · (that objective's mean
+    loss over the rows that score it) (`losses.combine_objectives`); a name left out weighs 1.0,
+    an unknown name is refused. `--train.objective_weights=helpfulness=2,correctness=0.5`.
+    """
+
+    omit_when_default: ClassVar[frozenset[str]] = frozenset(
+        {"loss", "max_responses", "objective_weights"}
+    )
+
+    @pydantic.field_validator("objective_weights", mode="before")
+    @classmethod
+    def _weights_from_text(cls, value: Any) -> Any:
+        # The command line's `name=w,name=w` (or a YAML mapping as text).
+        if not isinstance(value, str):
+            return value
+        text = value.strip()
+        if text.startswith("{"):
+            return yaml.safe_load(text)
+        pairs = [part.split("=", 1) for part in text.split(",") if part.strip()]
+        if any(len(p) != 2 for p in pairs):
+            raise ValueError(f"expected name=weight[,name=weight...], got {value!r}")
+        return {k.strip(): v.strip() for k, v in pairs}
 
 
 class EvalSection(Section):
@@ -590,6 +626,16 @@ class RewardConfig(pydantic.BaseModel):
 # ---- value and combination checks of `RewardConfig.validate` ------------------------------------
 
 
+def objective_weights(config: RewardConfig) -> dict[str, float] | None:
+    """{objective: weight} of a run with model.objectives (train.objective_weights, 1.0 for a
+    name it leaves out), in the objectives' order; None without objectives."""
+    names = config.model.objectives
+    if not names:
+        return None
+    given = config.train.objective_weights or {}
+    return {name: float(given.get(name, 1.0)) for name in names}
+
+
 def _problems(config: RewardConfig, num_devices: int, num_processes: int) -> list[str]:
     """Every impossible value or combination, each saying what to change."""
     out: list[str] = []
@@ -619,6 +665,39 @@ def _problems(config: RewardConfig, num_devices: int, num_processes: int) -> lis
         "few: drop optim.offload_params",
     )
     positive("model", m, "num_labels")
+    if m.objectives is not None:
+        names = list(m.objectives)
+        need(
+            len(names) >= 1 and len(set(names)) == len(names) and all(n.strip() for n in names),
+            f"model.objectives={names} must be one or more distinct, non-empty names",
+        )
+        need(
+            m.num_labels in (1, len(names)),
+            f"model.objectives names {len(names)} objectives, so the head has {len(names)} "
+            f"outputs; model.num_labels={m.num_labels} conflicts: drop model.num_labels (or set "
+            f"it to {len(names)})",
+        )
+        need(
+            t.loss == "mse",
+            f"model.objectives trains one head output per objective with train.loss=mse on "
+            f"named-score rows (`scores`: {{name: value}}); got train.loss={t.loss} (preferences "
+            "and rankings with objectives, and gaussian_nll per objective, are not supported)",
+        )
+    if t.objective_weights is not None:
+        known = list(m.objectives or [])
+        for name, weight in t.objective_weights.items():
+            if name not in known:
+                close = difflib.get_close_matches(name, known, n=1, cutoff=0.6)
+                hint = f" (did you mean {close[0]!r}?)" if close else ""
+                need(
+                    False,
+                    f"train.objective_weights names {name!r}, which is not one of "
+                    f"model.objectives={known}{hint}",
+                )
+            need(
+                math.isfinite(weight) and weight >= 0,
+                f"train.objective_weights.{name}={weight} must be finite and ≥ 0",
+            )
 
     positive("data", d, "max_sequence_length", "length_group_window")
     need(d.num_workers >= 0, f"data.num_workers={d.num_workers} must be 0 or more")

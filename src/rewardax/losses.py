@@ -18,7 +18,7 @@ number over the whole batch.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -326,4 +326,73 @@ def group_metrics_from_sums(sums: dict[str, Array]) -> dict[str, Array]:
         out["accuracy"] = sums["correct_pairs"] / jnp.maximum(sums["num_ranked_pairs"], 1.0)
     if "squared_error" in sums:
         out["mse"] = sums["squared_error"] / n
+    return out
+
+
+def objective_metric_sums(
+    outputs: Array,
+    scores: Array,
+    score_mask: Array,
+    response_mask: Array,
+    row_mask: Array,
+    names: Sequence[str],
+) -> dict[str, Array]:
+    """`group_metric_sums` of a multi-objective head on named-score rows (K = 1), with `mse`
+    per objective: output i against score i over the rows that score objective i.
+
+    Args:
+      outputs: [B, K, L] head outputs (output i predicts objective `names[i]`; output 0 is the
+        reward); scores: [B, K, L] named scores (0 where not scored); score_mask: [B, K, L] 1
+        where the row scores that objective; response_mask: [B, K]; row_mask: [B]; names: the
+        L objective names.
+
+    Returns:
+      additive scalars: num_rows, reward, reward_sq, num_responses (as `group_metric_sums`, of
+      output 0 over all real rows) and per objective `loss/NAME` (Σ (output − score)² over the
+      rows that score it) and `num_rows/NAME` (those rows). `objective_metrics_from_sums`
+      divides once, so accumulation and devices add up exactly.
+
+    Example: outputs [[[1, 0]], [[2, 2]]], scores [[[0, 1]], [[1, 0]]], score_mask
+    [[[1, 1]], [[1, 0]]] -> loss/a 1 + 1 = 2 over 2 rows, loss/b 1 over 1 row.
+    """
+    outputs = jnp.asarray(outputs).astype(jnp.float32)  # float32: see _as_pair_vector
+    scores = jnp.asarray(scores).astype(jnp.float32)
+    score_mask = jnp.asarray(score_mask).astype(jnp.float32)
+    if outputs.ndim != 3 or outputs.shape[-1] < len(names) or scores.shape[-1] != len(names):
+        raise DataError(
+            f"head outputs {outputs.shape} and named scores {scores.shape} must be [B, K, L] with "
+            f"L = {len(names)} objectives {list(names)}"
+        )
+    row_mask = _as_pair_vector(row_mask, "row_mask")
+    base = group_metric_sums(outputs[..., 0], scores[..., 0], response_mask, row_mask, "mse")
+    sums = {k: base[k] for k in ("num_rows", "reward", "reward_sq", "num_responses")}
+    for i, name in enumerate(names):
+        # Each objective's real rows: the rows that score it (K = 1: the row's one response).
+        scored = row_mask * score_mask[:, 0, i]
+        one = group_metric_sums(outputs[..., i], scores[..., i], response_mask, scored, "mse")
+        sums[f"loss/{name}"] = one["loss"]
+        sums[f"num_rows/{name}"] = one["num_rows"]
+    return sums
+
+
+def objective_metrics_from_sums(
+    sums: dict[str, Array], weights: Mapping[str, float]
+) -> dict[str, Array]:
+    """Means from `objective_metric_sums` (summed over microbatches): per objective `mse/NAME`
+    (its loss: the mean over the rows that score it), `loss` = `combine_objectives` of those
+    with `weights`, reward mean and std of output 0, num_rows."""
+    per_objective = {
+        name: sums[f"loss/{name}"] / jnp.maximum(sums[f"num_rows/{name}"], 1.0) for name in weights
+    }
+    n_resp = jnp.maximum(sums["num_responses"], 1.0)
+    mean_reward = sums["reward"] / n_resp
+    variance = sums["reward_sq"] / n_resp - jnp.square(mean_reward)
+    out = {
+        "loss": combine_objectives(per_objective, weights),
+        "reward_mean": mean_reward,
+        "reward_std": jnp.sqrt(jnp.maximum(variance, 0.0)),
+        "num_rows": sums["num_rows"],
+    }
+    for name, value in per_objective.items():
+        out[f"mse/{name}"] = value
     return out

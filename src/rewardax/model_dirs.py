@@ -23,7 +23,28 @@ def config_for_model(model: str, overrides: list[str]) -> RewardConfig:
     else the defaults; then `overrides`."""
     run_config = run_config_path(model)
     config = RewardConfig.from_yaml(run_config) if run_config else RewardConfig()
+    names = [] if run_config else label_names_of(model)
+    if names:  # a multi-objective export outside its run: its head and names from config.json
+        overrides = [f"model.objectives=[{','.join(names)}]", "train.loss=mse", *overrides]
     return config.with_overrides([f"model.path={model}", *overrides])
+
+
+def label_names_of(model: str) -> list[str]:
+    """The named outputs of a model directory's head (config.json's id2label unless it holds
+    transformers' default LABEL_i names); [] for anything else."""
+    import json
+
+    path = Path(model) / "config.json"
+    if not path.is_file():
+        return []
+    try:
+        id2label = json.loads(path.read_text(encoding="utf-8")).get("id2label") or {}
+        names = [str(id2label[str(i)]) for i in range(len(id2label))]
+    except (OSError, ValueError, KeyError, AttributeError):
+        return []
+    if names == [f"LABEL_{i}" for i in range(len(names))]:
+        return []
+    return names
 
 
 def load_for_scoring(
@@ -38,5 +59,9 @@ def load_for_scoring(
     path = str(resolve_model_path(model))
     config = config_for_model(path, overrides)
     tokenizer = load_tokenizer(tokenizer_path or path)
-    options = ModelOptions(dtype=config.model.dtype, num_labels=config.model.num_labels)
+    options = ModelOptions(
+        dtype=config.model.dtype,
+        num_labels=config.model.head_width,
+        label_names=tuple(config.model.objectives) if config.model.objectives else None,
+    )
     return path, config, tokenizer, AutoRewardModel.load(path, options)

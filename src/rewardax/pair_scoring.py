@@ -175,7 +175,10 @@ class ScoreRewards:
 
     Attributes:
       rewards, scores: float [N]; lengths: int [N] tokens scored; row_index: int [N];
-      num_truncated, num_dropped: as in `PairRewards`.
+      num_truncated, num_dropped: as in `PairRewards`; with named scores (model.objectives)
+      objectives: the L names, outputs: float [N, L] each objective's head output, and
+      named: float [N, L] the rows' named scores (NaN where a row does not score one); `scores`
+      is then the first objective's.
     """
 
     rewards: np.ndarray
@@ -184,6 +187,9 @@ class ScoreRewards:
     row_index: np.ndarray
     num_truncated: int
     num_dropped: int
+    objectives: tuple[str, ...] | None = None
+    outputs: np.ndarray | None = None
+    named: np.ndarray | None = None
 
     def __getitem__(self, name: str) -> Any:
         return getattr(self, name)
@@ -193,8 +199,18 @@ class ScoreRewards:
 
     def metrics(self, *, mse: bool) -> dict[str, Any]:
         """`rankings.score_metrics` (Spearman ρ, Kendall τ-b; MSE with `mse`), reward mean and
-        std, and the truncation and drop counts."""
-        result = score_metrics(self.rewards, self.scores, mse=mse)
+        std, and the truncation and drop counts. With named scores, the top-level metrics are
+        the first objective's (over the rows that score it) and `objectives` holds
+        `score_metrics` per objective name, each over the rows that score it."""
+        if self.objectives is not None:
+            per = {}
+            for i, name in enumerate(self.objectives):
+                scored = np.isfinite(self.named[:, i])
+                per[name] = score_metrics(self.outputs[scored, i], self.named[scored, i], mse=mse)
+            result = dict(per[self.objectives[0]])
+            result["objectives"] = per
+        else:
+            result = score_metrics(self.rewards, self.scores, mse=mse)
         result.update(
             reward_mean=float(self.rewards.mean()) if self.rewards.size else None,
             reward_std=float(self.rewards.std()) if self.rewards.size else None,
@@ -217,9 +233,11 @@ class ScoreRowScorer:
         tokenizer: Any,
         data_config: DataConfig,
         batch_size: int,
+        objectives: list[str] | None = None,
     ):
         self.mesh, self.tokenizer = mesh, tokenizer
         self.data_config, self.batch_size = data_config, batch_size
+        self.objectives = tuple(objectives) if objectives else None
         self._step = jax.jit(
             traced_in_mesh(make_group_eval_step(graphdef), mesh), out_shardings=replicated(mesh)
         )
@@ -231,6 +249,7 @@ class ScoreRowScorer:
         parts: dict[str, list[np.ndarray]] = {
             k: [] for k in ("rewards", "scores", "lengths", "row_index", "row_mask")
         }
+        named: dict[str, list[np.ndarray]] = {"outputs": [], "named": []}
         stats = rdata.LoaderStats()
         batches = rdata.iterate_eval_batches(
             source,
@@ -241,13 +260,20 @@ class ScoreRowScorer:
             process_count=process_count,
             stats=stats,
             loss="mse",  # score rows as groups of one response
+            objectives=list(self.objectives) if self.objectives else None,
         )
         pad_id = rdata.pad_token_id(self.tokenizer)
         for host_batch in distributed.lockstep(batches, local_batch_size, pad_id):
             inputs = {k: host_batch[k] for k in rdata.GROUP_KEYS if k in host_batch}
             out = jax.device_get(self._step(arrays, global_batch(inputs, self.mesh)))
             parts["rewards"].append(np.asarray(out["rewards"])[mine][:, 0])
-            parts["scores"].append(np.asarray(host_batch["scores"])[:, 0])
+            scores = np.asarray(host_batch["scores"])[:, 0]  # [B] or, named, [B, L]
+            if self.objectives is not None:
+                values = np.where(np.asarray(host_batch["score_mask"])[:, 0] > 0, scores, np.nan)
+                named["named"].append(values)
+                named["outputs"].append(np.asarray(out["outputs"])[mine][:, 0])
+                scores = values[:, 0]
+            parts["scores"].append(scores)
             parts["lengths"].append(np.asarray(host_batch["attention_mask"]).sum(-1)[:, 0])
             parts["row_index"].append(np.asarray(host_batch["row_index"]))
             parts["row_mask"].append(np.asarray(host_batch["row_mask"]))
@@ -256,8 +282,17 @@ class ScoreRowScorer:
         }
         real = gathered.pop("row_mask") > 0
         order = np.argsort(gathered["row_index"][real], kind="stable")
+        extra: dict[str, Any] = {}
+        if self.objectives is not None:
+            width = len(self.objectives)
+            for k, v in named.items():
+                # [N, L] rows: gathered as one flat array, then shaped back.
+                flat = distributed.allgather(np.concatenate(v).reshape(-1))
+                extra[k] = flat.reshape(-1, width)[real][order]
+            extra["objectives"] = self.objectives
         return ScoreRewards(
             **{k: v[real][order] for k, v in gathered.items()},
             num_truncated=round(distributed.process_sum(stats.truncated)),
             num_dropped=round(distributed.process_sum(sum(stats.dropped.values()))),
+            **extra,
         )

@@ -282,7 +282,8 @@ def _batch(
     else:
         k = 1 if loss in SCORE_LOSSES else (config.train.max_responses or PLANNED_RESPONSES)
         target = "scores" if loss in SCORE_LOSSES else "ranks"
-        batch = rdata.collate_groups([], 0, [length], pairs, k, target)
+        objectives = len(config.model.objectives or ()) if loss in SCORE_LOSSES else 0
+        batch = rdata.collate_groups([], 0, [length], pairs, k, target, objectives)
     return {k: jax.ShapeDtypeStruct(v.shape, v.dtype, sharding=sharding) for k, v in batch.items()}
 
 

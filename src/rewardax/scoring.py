@@ -218,16 +218,24 @@ class RewardScorer:
         self.buckets = default_bucket_lengths(max_sequence_length)
         graphdef, state = nnx.split(model)
 
+        # A named head (model.objectives: config.json's id2label) has each output scored by name.
+        names = getattr(getattr(model, "config", None), "label_names", None)
+        self.label_names = tuple(names) if names else None
+
         @jax.jit
         def forward(state, input_ids, attention_mask):
             # Column 0 of the head is the reward (num_labels > 1 heads carry extra outputs).
-            return nnx.merge(graphdef, state)(input_ids, attention_mask).logits[:, 0]
+            return nnx.merge(graphdef, state)(input_ids, attention_mask).logits
 
         self._state, self._forward = state, forward
 
     def __call__(self, sequences: list[np.ndarray]) -> np.ndarray:
         """Rewards float64 [N] of N int32 sequences (any N; batched internally)."""
-        out = np.empty(len(sequences), dtype=np.float64)
+        return self.outputs(sequences)[:, 0]
+
+    def outputs(self, sequences: list[np.ndarray]) -> np.ndarray:
+        """Every head output, float64 [N, num_labels] (column 0 the reward)."""
+        out = None
         for start in range(0, len(sequences), self.batch_size):
             chunk = sequences[start : start + self.batch_size]
             longest = max(len(s) for s in chunk)
@@ -237,9 +245,11 @@ class RewardScorer:
             for i, seq in enumerate(chunk):
                 ids[i, : len(seq)] = seq
                 mask[i, : len(seq)] = 1
-            rewards = self._forward(self._state, jnp.asarray(ids), jnp.asarray(mask))
-            out[start : start + len(chunk)] = np.asarray(rewards)[: len(chunk)]
-        return out
+            logits = np.asarray(self._forward(self._state, jnp.asarray(ids), jnp.asarray(mask)))
+            if out is None:
+                out = np.empty((len(sequences), logits.shape[-1]), dtype=np.float64)
+            out[start : start + len(chunk)] = logits[: len(chunk)]
+        return out if out is not None else np.empty((0, 1), dtype=np.float64)
 
 
 def normalization_of(model_dir: str | os.PathLike) -> dict[str, float]:
@@ -378,25 +388,34 @@ def score_rows(
 
     A window (default 8 batches) is tokenized, sorted by length so each batch pads little, scored,
     and handed back in the input order; memory holds one window, whatever the file size.
-    With `normalization`, reward = (r - mean) / std.
+    With `normalization`, reward = (r - mean) / std. A model with named outputs (model.objectives;
+    `scorer.label_names`) also gets `rewards`: {objective: its output} (not normalised; `reward`
+    is the first objective's).
     """
     window = window or 8 * scorer.batch_size
     buffer: list[tuple[dict, np.ndarray, str]] = []
+    names = scorer.label_names
+    added = ("reward", "rewards") if names else ("reward",)
 
     def flush() -> list[dict]:
         order = sorted(range(len(buffer)), key=lambda i: len(buffer[i][1]))
-        rewards = np.empty(len(buffer))
-        rewards[order] = scorer([buffer[i][1] for i in order])
+        outputs = np.empty((len(buffer), len(names) if names else 1))
+        outputs[order] = scorer.outputs([buffer[i][1] for i in order])[:, : outputs.shape[1]]
+        rewards = outputs[:, 0]
         if normalization is not None:
             rewards = (rewards - normalization["mean"]) / normalization["std"]
         out = []
-        for (row, _, where), reward in zip(buffer, rewards, strict=True):
-            if "reward" in row:
-                raise DataError(
-                    f"{where}: the input already has a `reward` column; rename it so it is not "
-                    "overwritten"
-                )
-            out.append({**row, "reward": float(reward)})
+        for i, ((row, _, where), reward) in enumerate(zip(buffer, rewards, strict=True)):
+            for column in added:
+                if column in row:
+                    raise DataError(
+                        f"{where}: the input already has a `{column}` column; rename it so it "
+                        "is not overwritten"
+                    )
+            scored = {**row, "reward": float(reward)}
+            if names:
+                scored["rewards"] = {n: float(v) for n, v in zip(names, outputs[i], strict=True)}
+            out.append(scored)
         buffer.clear()
         return out
 

@@ -13,6 +13,10 @@ responses per row: input_ids / attention_mask [B, K, T], reward_index [B, K], re
 `scores` [B, K] (score rows, K = 1), row_mask [B]. Its K responses per row go through one
 forward pass of shape [B*K, T]; `group_logits` is `pair_rewards`'s counterpart and
 `losses.group_metric_sums` the loss (formulas in `rewardax.ranking_losses`).
+With model.objectives the score rows carry named scores, `scores` [B, 1, L] and `score_mask`
+[B, 1, L]: head output i is trained on objective i with mse over the rows that score it, and the
+objectives' mean losses are summed with their weights (`objective_sums`,
+`losses.combine_objectives`).
 """
 
 from __future__ import annotations
@@ -168,6 +172,38 @@ def group_sums(logits: jax.Array, batch: Batch, loss: str) -> dict[str, jax.Arra
     )
 
 
+def objective_sums(
+    logits: jax.Array, batch: Batch, names: list[str] | tuple[str, ...]
+) -> dict[str, jax.Array]:
+    """`losses.objective_metric_sums` of a named-score group batch's head outputs
+    ([B, 1, num_labels], one output per objective in `names` order)."""
+    if "score_mask" not in batch:
+        raise ConfigError(
+            f"model.objectives={list(names)} trains named scores; this batch has none (its rows "
+            "have one `score`, or are not score rows)"
+        )
+    if logits.shape[-1] != len(names):
+        raise ConfigError(
+            f"model.objectives names {len(names)} objectives but the head has "
+            f"{logits.shape[-1]} outputs"
+        )
+    return losses.objective_metric_sums(
+        logits,
+        batch["scores"],
+        batch["score_mask"],
+        batch["response_mask"],
+        batch["row_mask"],
+        names,
+    )
+
+
+def objective_totals(batch: Batch, names: list[str] | tuple[str, ...]) -> dict[str, jax.Array]:
+    """Per objective, the rows of the whole batch that score it (at least 1): each microbatch
+    divides its sums by these, so that accumulated gradients equal the whole batch's."""
+    scored = batch["row_mask"].astype(jnp.float32)[:, None] * batch["score_mask"][:, 0, :]
+    return {name: jnp.maximum(jnp.sum(scored[:, i]), 1.0) for i, name in enumerate(names)}
+
+
 def _microbatches(batch: Batch, accumulation_steps: int) -> Batch:
     """[B, ...] -> [A, B/A, ...] taking every A-th pair, so that each device's shard of the batch
     holds its share of every microbatch (a contiguous split would put a microbatch on few devices)."""
@@ -191,8 +227,14 @@ def make_train_step(
     offload_params: bool = False,
     compute_dtype: Any = jnp.bfloat16,
     loss: str = "bradley_terry",
+    objective_weights: dict[str, float] | None = None,
 ) -> Callable[[Arrays, Batch], tuple[Arrays, dict[str, jax.Array]]]:
     """Builds `train_step(arrays, batch) -> (new_arrays, metrics)` (not yet jitted).
+
+    `objective_weights` ({objective: weight}, in head-output order; model.objectives) trains a
+    multi-objective head on named-score batches with `loss` mse: the loss is
+    `losses.combine_objectives` of each objective's mean squared error over the rows of the
+    whole batch that score it; metrics add `mse/NAME` per objective.
 
     `loss` is `bradley_terry` (pair batches) or one of `losses.GROUP_LOSSES` (group batches:
     each microbatch's loss is its sum over real rows divided by the real rows of the whole
@@ -215,9 +257,23 @@ def make_train_step(
         raise ConfigError(f"unknown loss {loss!r}; expected bradley_terry or {losses.GROUP_LOSSES}")
     real_key = "row_mask" if groups else "pair_mask"
     metrics_from_sums = losses.group_metrics_from_sums if groups else losses.metrics_from_sums
+    names = list(objective_weights) if objective_weights else None
+    if names is not None:
+        if loss != "mse":
+            raise ConfigError(
+                f"model.objectives trains each objective with train.loss=mse; got {loss}"
+            )
+        weights = dict(objective_weights)
+
+        def metrics_from_sums(sums):
+            return losses.objective_metrics_from_sums(sums, weights)
 
     def micro_loss(params, rest, micro: Batch, total_pairs, rng):
         model = nnx.merge(graphdef, params, rest)
+        if names is not None:  # total_pairs: {objective: its scored rows in the whole batch}
+            sums = objective_sums(group_logits(model, micro, dropout_rng=rng), micro, names)
+            means = {n: sums[f"loss/{n}"] / total_pairs[n] for n in names}
+            return losses.combine_objectives(means, weights), sums
         if groups:
             sums = group_sums(group_logits(model, micro, dropout_rng=rng), micro, loss)
             return sums["loss"] / total_pairs, sums
@@ -241,6 +297,8 @@ def make_train_step(
         master, rest, step = arrays["params"], arrays["rest"], arrays["step"]
         params = device_copy(master, compute_dtype) if offload_params else master
         total_pairs = jnp.maximum(jnp.sum(batch[real_key].astype(jnp.float32)), 1.0)
+        if names is not None:
+            total_pairs = objective_totals(batch, names)
         step_key = jax.random.fold_in(jax.random.wrap_key_data(arrays["rng"]), step)
 
         def body(carry, xs):
@@ -336,6 +394,8 @@ def configured_train_step(
     """`make_train_step` with a run config's (`rewardax.RewardConfig`) settings: accumulation,
     centering, offload and compute dtype. `RewardTrainer` and `rewardax plan` build their step
     here, so a new setting reaches both."""
+    from rewardax.config import objective_weights as run_objective_weights  # config -> data
+
     return make_train_step(
         graphdef,
         optimizer,
@@ -347,6 +407,7 @@ def configured_train_step(
         offload_params=config.optim.offload_params,
         compute_dtype=config.model.dtype,
         loss=config.train.loss,
+        objective_weights=run_objective_weights(config),
     )
 
 
@@ -409,12 +470,14 @@ def make_eval_step(graphdef) -> Callable[[Arrays, Batch], dict[str, jax.Array]]:
 
 
 def make_group_eval_step(graphdef) -> Callable[[Arrays, Batch], dict[str, jax.Array]]:
-    """Builds `eval_step(arrays, group_batch) -> {"rewards": [B, K]}` (not jitted), the group
-    batch's counterpart of `make_eval_step`."""
+    """Builds `eval_step(arrays, group_batch) -> {"rewards": [B, K], "outputs": [B, K,
+    num_labels]}` (not jitted), the group batch's counterpart of `make_eval_step` (`outputs`:
+    every head output, e.g. each objective's)."""
 
     def eval_step(arrays: Arrays, batch: Batch):
         params = jax.device_put(arrays["params"], jax.memory.Space.Device)
         model = nnx.merge(graphdef, params, arrays["rest"])
-        return {"rewards": group_logits(model, batch)[..., 0]}
+        outputs = group_logits(model, batch)
+        return {"rewards": outputs[..., 0], "outputs": outputs}
 
     return eval_step

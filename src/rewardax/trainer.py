@@ -109,6 +109,12 @@ def _check_model_section(section: ModelSection, model: RewardModel) -> None:
         "kernels": model.kernels if isinstance(model.kernels, str) else model.kernels.name,
         "num_labels": model.config.num_labels,
     }
+    if section.objectives and model.config.num_labels != len(section.objectives):
+        raise ConfigError(
+            f"model.objectives names {len(section.objectives)} objectives, but the model passed "
+            f"to RewardTrainer has a head of {model.config.num_labels} output(s): build it with "
+            f"num_labels={len(section.objectives)}"
+        )
     for name, value in actual.items():
         wanted = getattr(section, name)
         if wanted != getattr(defaults, name) and wanted != value:
@@ -192,6 +198,7 @@ class RewardTrainer:
                 row_multiple=self.data_parallel_size,
                 loss=cfg.train.loss,
                 max_responses=cfg.train.max_responses,
+                objectives=cfg.model.objectives,
             )
         self.eval_sets = self._named_eval_sets(eval_dataset)
         self.total_steps = self._total_steps()
@@ -205,6 +212,8 @@ class RewardTrainer:
         self._model_passed = model is not None
         self.state = self._initial_state(model)
         self.model_config = self.state.model.config
+        if cfg.model.objectives:  # the names travel with checkpoints and exports (id2label)
+            self.model_config = self.model_config.replace(label_names=tuple(cfg.model.objectives))
         self.run_dir = Path(cfg.checkpoint.save_directory) / self.run_name()
         self._functions: TrainerFunctions | None = None
         self._checkpointer: TrainCheckpointer | None = None
@@ -549,6 +558,9 @@ class RewardTrainer:
         extra = {"rewardax": {"trained_steps": step}}
         if normalization is not None:
             extra["rewardax"]["reward_normalization"] = normalization
+        if self.model_config.label_names:  # a passed model's head may not carry the names
+            names = self.model_config.to_hf_dict()
+            extra.update(id2label=names["id2label"], label2id=names["label2id"])
         model = self.state.model
         if self.process_count > 1:
             # Parameters sharded over several processes: gather them (a collective) first.
@@ -583,7 +595,9 @@ class RewardTrainer:
                 batch_size=self.config.train.per_device_eval_batch_size * self.data_parallel_size,
             )
             self._scorer = PairScorer(self.state.graphdef, **scorer_args)
-            self._score_row_scorer = ScoreRowScorer(self.state.graphdef, **scorer_args)
+            self._score_row_scorer = ScoreRowScorer(
+                self.state.graphdef, objectives=self.config.model.objectives, **scorer_args
+            )
         arrays = {"params": self.state.params, "rest": self.state.rest}
         results, self._last_rewards = {}, {}
         for name, source in sets.items():
@@ -613,6 +627,11 @@ class RewardTrainer:
             scalars.update(
                 {f"ranking_{k}": v for k, v in ranking.items() if isinstance(v, int | float)}
             )
+            # Named scores' per-objective metrics as NAME/spearman, NAME/mse, ...
+            for objective, values in (metrics.get("objectives") or {}).items():
+                scalars.update(
+                    {f"{objective}/{k}": v for k, v in values.items() if isinstance(v, int | float)}
+                )
             logger.log(step, scalars, prefix=f"eval/{name}")
         return results
 

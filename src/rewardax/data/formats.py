@@ -79,10 +79,10 @@ def _describe(value: Any) -> str:
 
 def is_score_row(row: Any) -> bool:
     """A pointwise row: one `response` (a string or chat messages, optional `prompt`) with a
-    numeric `score`, rather than a pair."""
+    numeric `score`, or named scores `scores: {objective: value}`, rather than a pair."""
     return (
         isinstance(row, dict)
-        and ("score" in row or "response" in row)
+        and ("score" in row or "scores" in row or "response" in row)
         and not any(k in row for k in ("chosen", "rejected", "responses", "conversations"))
     )
 

@@ -13,6 +13,10 @@ Batch format (numpy; what the group train step receives):
   reward_index   int32   [B, K]     each response's last real token; 0 for padding.
   response_mask  float32 [B, K]     1 for real responses, 0 for padded ones (rows with < K).
   ranks | scores float32 [B, K]     the targets (the batch key is the view's `target_name`).
+                        [B, K, L]  named scores (score rows with L model.objectives; K = 1).
+  score_mask     float32 [B, K, L]  named scores only: 1 where the row scores that objective
+                                    (its `scores` entry there is 0, never NaN: a NaN would reach
+                                    the gradient through a masked-out branch).
   row_mask       float32 [B]        1 for real rows, 0 for padding rows.
 With data.layout=shared_prompt, `pack_group_records` lays the same records out as K-branch rows
 instead (each group's prompt once; `rewardax.data.packing.pack_groups`): rows [R, T] with
@@ -45,6 +49,7 @@ GROUP_KEYS = (
     "response_mask",
     "ranks",
     "scores",
+    "score_mask",
     "row_mask",
 )
 
@@ -143,6 +148,7 @@ def collate_groups(
     batch_size: int,
     width: int,
     target_name: str,
+    num_objectives: int = 0,
 ) -> dict[str, np.ndarray]:
     """Stack group records into one batch (module docstring) of `batch_size` rows of `width` (K)
     responses; rows with fewer responses, and rows past the records, are padding.
@@ -150,12 +156,15 @@ def collate_groups(
     Args:
       records: `GroupProcessor` records; pad_id: the id of padded positions; bucket_lengths:
         sorted allowed T (the smallest holding the longest response is used); target_name:
-        "ranks" or "scores".
+        "ranks" or "scores"; num_objectives: L of named-score records (targets [K_i, L]), 0
+        for one target per response.
     """
     if len(records) > batch_size:
         raise ValueError(f"{len(records)} records do not fit a batch of {batch_size}")
     lengths = np.zeros((batch_size, width), dtype=np.int32)
-    targets = np.zeros((batch_size, width), dtype=np.float32)
+    # Named scores: [K_i, L] per record (NaN = not scored) -> [B, K, L] plus score_mask.
+    extra = (num_objectives,) if num_objectives else ()
+    targets = np.zeros((batch_size, width, *extra), dtype=np.float32)
     for i, record in enumerate(records):
         k = len(record["responses"])
         if k > width:
@@ -178,7 +187,7 @@ def collate_groups(
     attention_mask[..., 0] |= (lengths == 0).astype(np.int32)
     row_mask = np.zeros((batch_size,), dtype=np.float32)
     row_mask[: len(records)] = 1.0
-    return {
+    batch = {
         "input_ids": input_ids,
         "attention_mask": attention_mask,
         "reward_index": np.maximum(lengths - 1, 0),
@@ -186,6 +195,11 @@ def collate_groups(
         target_name: targets,
         "row_mask": row_mask,
     }
+    if extra:
+        scored = np.isfinite(targets)
+        batch["score_mask"] = scored.astype(np.float32)
+        batch[target_name] = np.where(scored, targets, 0.0).astype(np.float32)
+    return batch
 
 
 def pack_group_records(
@@ -203,7 +217,7 @@ def pack_group_records(
     padded layout's."""
     from rewardax.data.packing import pack_groups  # packing imports collate, as loader does
 
-    return pack_groups(
+    batch = pack_groups(
         [{"responses_input_ids": r["responses"], target_name: r["targets"]} for r in records],
         pad_id,
         group_size=width,
@@ -212,3 +226,8 @@ def pack_group_records(
         row_multiple=row_multiple,
         per_response=(target_name,),
     )
+    if batch[target_name].ndim == 3:  # named scores [G, K, L]: NaN = not scored, as collated
+        scored = np.isfinite(batch[target_name])
+        batch["score_mask"] = scored.astype(np.float32)
+        batch[target_name] = np.where(scored, batch[target_name], 0.0).astype(np.float32)
+    return batch

@@ -149,7 +149,7 @@ def _pack(first: int, epochs: list[int], records: list[dict | None]) -> dict:
     (chosen, rejected; 0 for dropped rows), ids int32 [sum of lengths] (chosen then rejected, row
     after row), margin float32 [n], truncated bool [n], drops {row: (reason, fatal, message)}.
     Group records (`rewardax.data.groups`) have lengths [n, K] (0 past a row's responses) and
-    targets float32 [n, K] instead of margin.
+    targets float32 [n, K] (named scores: [n, K, L]) instead of margin.
     """
     n = len(records)
     kept = [r for r in records if "dropped" not in r]
@@ -157,7 +157,9 @@ def _pack(first: int, epochs: list[int], records: list[dict | None]) -> dict:
     width = max((len(r["responses"]) for r in kept), default=1) if group else 2
     lengths = np.zeros((n, width), dtype=np.int32)
     margin = np.zeros((n,), dtype=np.float32)
-    targets = np.zeros((n, width), dtype=np.float32)
+    # Named scores: [K_i, L] targets per record (NaN = not scored) -> [n, K, L].
+    extra = next((np.shape(r["targets"])[1:] for r in kept if group), ())
+    targets = np.zeros((n, width, *extra), dtype=np.float32)
     truncated = np.zeros((n,), dtype=bool)
     index = np.zeros((n,), dtype=np.int64)
     pieces, drops = [], {}
@@ -247,6 +249,8 @@ class PreferenceLoader:
         (`rankings.training_view`: DataError when the data does not fit the loss) and yields
         `rewardax.data.groups` batches, always in the padded layout.
       max_responses: with a group loss, the most responses a row may have (None: no cap).
+      objectives: model.objectives: score rows carry named scores (`rankings.named_scores`),
+        batches `scores` [B, 1, L] and `score_mask`.
 
     Example:
       loader = PreferenceLoader("train.jsonl", tok, DataConfig(max_sequence_length=256), batch_size=8, seed=0)
@@ -270,6 +274,7 @@ class PreferenceLoader:
         row_multiple: int = 1,
         loss: str = "bradley_terry",
         max_responses: int | None = None,
+        objectives: list[str] | None = None,
     ):
         if batch_size < 1:
             raise ConfigError(f"batch_size must be positive, got {batch_size}")
@@ -280,7 +285,7 @@ class PreferenceLoader:
                 f"data.on_invalid must be 'error' or 'skip', got {data_config.on_invalid!r}"
             )
         # Rows that rank several responses are read as the pairs of their rankings, or as groups.
-        self.source = training_view(load_source(source), loss, max_responses)
+        self.source = training_view(load_source(source), loss, max_responses, objectives)
         self.groups = isinstance(self.source, ResponseGroups)
         if self.groups and data_config.layout == "packed" and not eval_mode:
             raise ConfigError(
@@ -582,6 +587,7 @@ class PreferenceLoader:
                 self.batch_size,
                 self.source.width,
                 self.source.target_name,
+                len(self.source.objectives or ()),
             )
         if self.layout == "padded":
             return collate_records(group, self.pad_id, self.buckets, self.batch_size)
@@ -663,6 +669,7 @@ def iterate_eval_batches(
     process_count: int = 1,
     stats: LoaderStats | None = None,
     loss: str = "bradley_terry",
+    objectives: list[str] | None = None,
 ) -> Iterator[dict[str, np.ndarray]]:
     """Every pair of `source` exactly once, in a deterministic order; the last batch padded (pair_mask 0).
 
@@ -681,6 +688,7 @@ def iterate_eval_batches(
         drop_remainder=False,
         eval_mode=True,
         loss=loss,
+        objectives=objectives,
     )
     if stats is not None:
         loader.stats = stats

@@ -6,7 +6,10 @@ Three layouts (decided by the first readable row; every row must then have it):
   - `chosen` and `rejected` as lists of responses (RewardBench 2's layout): every chosen
     response is preferred to every rejected one (as ranks: chosen 0, rejected 1);
   - score rows: `response` (a string or a chat message list, optional `prompt` as for the
-    others) with `score`, a finite number (pointwise data, e.g. a mean human rating).
+    others) with `score`, a finite number (pointwise data, e.g. a mean human rating), or with
+    `scores`, named scores `{objective: value}` (HelpSteer's layout) for a run with
+    model.objectives: a row may leave an objective out (or null), which then takes no part in
+    that objective's loss nor its metrics; it must score at least one.
 
 How they train depends on `train.loss` (`training_view`, which refuses a loss that does not fit):
   - `bradley_terry` (the default): `rankings_as_pairs(source)` presents a ranked source as one
@@ -33,6 +36,7 @@ data.layout=padded), tie-aware losses (Davidson, Rao-Kupper) in the train step, 
 
 from __future__ import annotations
 
+import difflib
 import math
 import numbers
 from typing import Any
@@ -45,7 +49,7 @@ from rewardax.errors import DataError
 from rewardax.evaluation import spearman_correlation
 from rewardax.losses import RANKING_LOSSES, SCORE_LOSSES
 
-_RESPONSE_FIELDS = ("responses", "ranks", "chosen", "rejected", "response", "score")
+_RESPONSE_FIELDS = ("responses", "ranks", "chosen", "rejected", "response", "score", "scores")
 
 
 def ranking_layout(row: Any) -> str | None:
@@ -94,8 +98,52 @@ def _check_layout(row: Any, layout: str, where: str) -> None:
         )
 
 
-def score_row(row: Any, where: str) -> tuple[Any, float]:
-    """A score row's response and its score (a finite number), or DataError naming the field."""
+def _finite(value: Any) -> bool:
+    return not isinstance(value, bool) and isinstance(value, numbers.Real) and math.isfinite(value)
+
+
+def named_scores(row: Any, where: str, objectives: list[str]) -> list[float]:
+    """A named-score row's `scores`, one value per objective in `objectives` order (NaN where
+    the row leaves the objective out or gives null), or DataError naming the row, the field and
+    the fix."""
+    if "scores" not in row:
+        field = "score" if "score" in row else "scores"
+        raise DataError(
+            f"{where}, field '{field}': model.objectives={list(objectives)} trains named scores; "
+            f"give `scores`: {{name: value}} with names from the objectives"
+        )
+    scores = row["scores"]
+    if not isinstance(scores, dict) or not scores:
+        raise DataError(
+            f"{where}, field 'scores': expected a mapping {{objective: value}}, got {scores!r:.60}"
+        )
+    for name, value in scores.items():
+        if name not in objectives:
+            close = difflib.get_close_matches(str(name), list(objectives), n=1, cutoff=0.6)
+            hint = f" (did you mean {close[0]!r}?)" if close else ""
+            raise DataError(
+                f"{where}, field 'scores.{name}': not one of model.objectives="
+                f"{list(objectives)}{hint}; rename it, or add it to model.objectives"
+            )
+        if value is not None and not _finite(value):
+            raise DataError(
+                f"{where}, field 'scores.{name}': expected a finite number (or null: not scored), "
+                f"got {value!r:.40}; fix the score or drop the row"
+            )
+    values = [scores.get(name) for name in objectives]
+    if all(v is None for v in values):
+        raise DataError(
+            f"{where}, field 'scores': scores none of the objectives {list(objectives)}; drop "
+            "the row"
+        )
+    return [math.nan if v is None else float(v) for v in values]
+
+
+def score_row(
+    row: Any, where: str, objectives: list[str] | None = None
+) -> tuple[Any, float | list[float]]:
+    """A score row's response and its score (a finite number), or, with `objectives`, its named
+    scores (`named_scores`); DataError naming the field."""
     _check_layout(row, "scores", where)
     if row.get("response") is None:
         raise DataError(
@@ -109,6 +157,14 @@ def score_row(row: Any, where: str) -> tuple[Any, float]:
         raise DataError(
             f"{where}, field 'response': expected a non-empty string or a list of chat "
             f"messages, got {response!r:.60}"
+        )
+    if objectives:
+        return response, named_scores(row, where, objectives)
+    if "scores" in row and "score" not in row:
+        raise DataError(
+            f"{where}, field 'scores': named scores train a head with one output per name: set "
+            f"model.objectives to the names (e.g. model.objectives=[{', '.join(map(str, row['scores']))}]) "
+            "and train.loss=mse, or give one `score`"
         )
     score = row.get("score")
     if score is None:
@@ -124,11 +180,14 @@ def score_row(row: Any, where: str) -> tuple[Any, float]:
     return response, float(score)
 
 
-def row_group(row: Any, layout: str, where: str) -> tuple[list[Any], list[float]]:
+def row_group(
+    row: Any, layout: str, where: str, objectives: list[str] | None = None
+) -> tuple[list[Any], list[Any]]:
     """A row's responses and one target per response: its ranks (lower is better; `lists`:
-    chosen 0, rejected 1) or, for a score row, its score."""
+    chosen 0, rejected 1) or, for a score row, its score (with `objectives`: its list of named
+    scores, NaN where left out)."""
     if layout == "scores":
-        response, score = score_row(row, where)
+        response, score = score_row(row, where, objectives)
         return [response], [score]
     responses, _ = row_pairs(row, layout, where)
     if layout == "ranks":
@@ -205,16 +264,24 @@ class ResponseGroups(ListSource):
 
     Attributes:
       source, layout ("ranks", "lists" or "scores"); width: K, the most responses of any row;
-      target_name: "ranks" or "scores" (the batch key of the targets).
+      target_name: "ranks" or "scores" (the batch key of the targets); objectives: the named
+      scores' names (score rows with model.objectives), else None.
     """
 
-    def __init__(self, source: Any, layout: str, max_responses: int | None = None):
+    def __init__(
+        self,
+        source: Any,
+        layout: str,
+        max_responses: int | None = None,
+        objectives: list[str] | None = None,
+    ):
         super().__init__((), name=getattr(source, "name", "rows"))
         self.source, self.layout = source, layout
+        self.objectives = list(objectives) if objectives and layout == "scores" else None
         self.target_name = "scores" if layout == "scores" else "ranks"
         width = 0
         for i in range(len(source)):
-            responses, _ = row_group(_read(source, i), layout, source.where(i))
+            responses, _ = row_group(_read(source, i), layout, source.where(i), self.objectives)
             if max_responses is not None and len(responses) > max_responses:
                 raise DataError(
                     f"{source.where(i)}: {len(responses)} responses, more than "
@@ -229,7 +296,9 @@ class ResponseGroups(ListSource):
 
     def __getitem__(self, index: int) -> dict[str, Any]:
         row = _read(self.source, int(index))
-        responses, targets = row_group(row, self.layout, self.source.where(int(index)))
+        responses, targets = row_group(
+            row, self.layout, self.source.where(int(index)), self.objectives
+        )
         group = {k: v for k, v in row.items() if k not in _RESPONSE_FIELDS}
         return {**group, "responses": responses, "targets": targets}
 
@@ -251,10 +320,16 @@ def data_layout(source: Any, probe_rows: int = 16) -> str | None:
     return None
 
 
-def training_view(source: Any, loss: str, max_responses: int | None = None) -> Any:
+def training_view(
+    source: Any,
+    loss: str,
+    max_responses: int | None = None,
+    objectives: list[str] | None = None,
+) -> Any:
     """`source` as `loss` trains on it: pairs (`rankings_as_pairs`) for bradley_terry, a
-    `ResponseGroups` view for the group losses. A loss that does not fit the data is a DataError
-    that names the losses that do."""
+    `ResponseGroups` view for the group losses (score rows with `objectives`: named scores,
+    targets [1, L]). A loss that does not fit the data is a DataError that names the losses
+    that do."""
     layout = data_layout(source)
     name = getattr(source, "name", "the data")
     what = {
@@ -287,7 +362,7 @@ def training_view(source: Any, loss: str, max_responses: int | None = None) -> A
         raise DataError(
             f"train.loss={loss} does not fit {name}, which holds {what}: use {fits[layout]}"
         )
-    return ResponseGroups(source, layout, max_responses)
+    return ResponseGroups(source, layout, max_responses, objectives)
 
 
 def response_rewards(

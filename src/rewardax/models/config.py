@@ -59,6 +59,9 @@ class ModelConfig:
     eos_token_id: int | list[int] | None = None
     num_labels: int = 1
     initializer_range: float = 0.02
+    # Names of the head's outputs (e.g. a multi-objective head's objectives), written to
+    # config.json's id2label/label2id; None = transformers' default names LABEL_0, LABEL_1, ...
+    label_names: tuple[str, ...] | None = None
 
     def __post_init__(self) -> None:
         # None = the architecture's own choice (q/k/v bias for qwen2, q/k norm for qwen3).
@@ -83,6 +86,14 @@ class ModelConfig:
             value = getattr(self, name)
             if not isinstance(value, int) or value < 1:
                 raise ConfigError(f"ModelConfig.{name} must be a positive integer, got {value!r}.")
+        if self.label_names is not None:
+            names = tuple(self.label_names)
+            object.__setattr__(self, "label_names", names)  # a list compares equal as a tuple
+            if len(names) != self.num_labels or len(set(names)) != len(names):
+                raise ConfigError(
+                    f"ModelConfig.label_names={list(names)} must be {self.num_labels} distinct "
+                    "names, one per head output (num_labels), or None."
+                )
         if self.num_attention_heads % self.num_key_value_heads != 0:
             raise ConfigError(
                 f"ModelConfig.num_attention_heads={self.num_attention_heads} must be a multiple of "
@@ -155,7 +166,8 @@ class ModelConfig:
         Reads ``model_type`` for the architecture; RoPE from ``rope_parameters`` (5.x) or
         ``rope_theta`` + ``rope_scaling`` (4.x). Qwen's ``sliding_window`` is ignored unless
         ``use_sliding_window`` is true (then refused: Qwen's per-layer windows are not implemented).
-        ``num_labels`` comes from ``num_labels`` or the size of ``id2label``, default 1.
+        ``num_labels`` comes from ``num_labels`` or the size of ``id2label``, default 1;
+        ``label_names`` from ``id2label`` unless its names are transformers' defaults (LABEL_i).
         """
         model_type = d.get("model_type")
         if model_type not in SUPPORTED_ARCHITECTURES:
@@ -202,6 +214,12 @@ class ModelConfig:
             num_labels = len(d["id2label"])
         else:
             num_labels = 1
+        label_names = None
+        id2label = d.get("id2label") or {}
+        if len(id2label) == num_labels:
+            names = tuple(str(id2label.get(str(i), id2label.get(i))) for i in range(num_labels))
+            if names != tuple(f"LABEL_{i}" for i in range(num_labels)):
+                label_names = names
         heads = int(d["num_attention_heads"])
         return cls(
             architecture=model_type,
@@ -226,6 +244,7 @@ class ModelConfig:
             eos_token_id=d.get("eos_token_id"),
             num_labels=num_labels,
             initializer_range=float(d.get("initializer_range", 0.02)),
+            label_names=label_names,
         )
 
     def to_hf_dict(self, for_sequence_classification: bool = True) -> dict[str, Any]:
@@ -276,6 +295,7 @@ class ModelConfig:
                 eos = self.eos_token_id
                 d["pad_token_id"] = eos[0] if isinstance(eos, list) else eos
             d["num_labels"] = self.num_labels
-            d["id2label"] = {str(i): f"LABEL_{i}" for i in range(self.num_labels)}
-            d["label2id"] = {f"LABEL_{i}": i for i in range(self.num_labels)}
+            names = self.label_names or tuple(f"LABEL_{i}" for i in range(self.num_labels))
+            d["id2label"] = {str(i): name for i, name in enumerate(names)}
+            d["label2id"] = {name: i for i, name in enumerate(names)}
         return d

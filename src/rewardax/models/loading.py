@@ -45,6 +45,8 @@ class ModelOptions:
       dtype: compute dtype.
       param_dtype: storage dtype of the parameters; None: ``dtype``.
       num_labels: width of the score head; a head found in the checkpoint must be as wide.
+      label_names: names of the head's outputs (``model.objectives``); None keeps the
+        checkpoint's names when its head is as wide (else transformers' LABEL_i).
       remat_policy, dropout_rate, kernels: see :class:`RewardModel`.
       seed: initialises a new score head (and dropout's RNG state).
       matmul_dtype: dtype of the projection matmuls' inputs; None: ``dtype``.
@@ -58,6 +60,7 @@ class ModelOptions:
     dtype: Any = "float32"
     param_dtype: Any = None
     num_labels: int = 1
+    label_names: tuple[str, ...] | None = None
     remat_policy: str = "none"
     dropout_rate: float = 0.0
     seed: int = 0
@@ -71,7 +74,8 @@ class ModelOptions:
         return cls(
             dtype=section.dtype,
             param_dtype=section.param_dtype,
-            num_labels=section.num_labels,
+            num_labels=section.head_width,
+            label_names=tuple(section.objectives) if section.objectives else None,
             # `auto` is decided by the trainer and `plan`, which compile the train step; anything
             # else that builds from a section (scoring) differentiates nothing.
             remat_policy="none" if section.remat_policy == "auto" else section.remat_policy,
@@ -98,8 +102,11 @@ class ModelOptions:
     def build(self, config: ModelConfig) -> RewardModel:
         """``RewardModel(config)`` with these options and parameters initialised from ``seed``; the
         head is ``num_labels`` wide. Under ``nnx.eval_shape`` it costs no memory."""
+        names = self.label_names
+        if names is None and config.num_labels == self.num_labels:
+            names = config.label_names
         return RewardModel(
-            config.replace(num_labels=self.num_labels),
+            config.replace(num_labels=self.num_labels, label_names=names),
             dtype=self.dtype,
             param_dtype=self.storage_dtype,
             remat_policy=self.remat_policy,
@@ -152,7 +159,10 @@ def assemble_model(
       ModelLoadError: tensors missing, unexpected or of the wrong shape; a head of another width.
     """
     _check_head(read_tensor, available, options.num_labels, source)
-    config = config.replace(num_labels=options.num_labels)
+    names = options.label_names
+    if names is None and config.num_labels == options.num_labels:
+        names = config.label_names
+    config = config.replace(num_labels=options.num_labels, label_names=names)
     abstract = nnx.eval_shape(lambda: options.build(config))
     graphdef, params, rest = nnx.split(abstract, nnx.Param, ...)
     variables = dict(nnx.to_flat_state(params))

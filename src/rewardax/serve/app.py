@@ -16,7 +16,9 @@ Endpoints (JSON in, JSON out; every text is scored as the row shown, with `rewar
                               "score.evaluation", "model", "scores"}; each message is a `text` row.
   POST /score                 {"rows": [row]} with `rewardax score` rows -> {"rewards": [f]}.
   GET  /health                {"status": "ok"} (no key needed).
-  GET  /info                  model, export hash, chat template hash, normalisation, buckets.
+  GET  /info                  model, export hash, chat template hash, normalisation, buckets;
+                              `objectives` (the head's output names) for a multi-objective
+                              model, whose first objective every route serves as the reward.
 Errors are `{"error": {"message", "type", "code"}}` with status 400 (bad JSON or shape), 401 (no or
 wrong bearer key), 413 (body over the limit), 422 (a row the tokenizer rules refuse, a text over
 the length limit), 503 + Retry-After (queue full).

@@ -233,7 +233,7 @@ class ServingModel:
     def info(self) -> dict[str, Any]:
         """What `GET /info` answers."""
         data = self.config.data
-        return {
+        info = {
             "model": self.path,
             "export_hash": self.export_hash,
             "chat_template_hash": self.chat_template_hash,
@@ -247,6 +247,13 @@ class ServingModel:
             },
             "max_batch_tokens": self.max_batch_tokens,
         }
+        # A multi-objective head (model.objectives): its output names. Every route serves the
+        # first one as the reward; `rewardax score` writes each by name.
+        ladder = next(iter(self.scorers.values()), [])
+        names = ladder[0].label_names if ladder else None
+        if names:
+            info["objectives"] = list(names)
+        return info
 
 
 def _buckets(max_length: int) -> tuple[int, ...]:
