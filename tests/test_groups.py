@@ -356,26 +356,21 @@ def test_a_tiny_model_trains_with_each_group_loss(tokenizer, tmp_path, loss):
     assert np.abs(after - before).max() > 1e-4
 
 
-@pytest.mark.parametrize("loss", ["plackett_luce", "mse"])
-def test_shared_prompt_groups_train_as_padded_groups(tokenizer, tmp_path, loss):
-    """data.layout=shared_prompt lays each group out as one prompt and K branches
-    (`pack_group_records`): the same rows in the same order give the padded layout's losses and
-    parameters, with fewer computed tokens."""
-    pairs = rows(TRAIN, 24)
-    data = score_rows(pairs) if loss in losses.SCORE_LOSSES else ranked_rows(pairs)
+def train_in_both_layouts(tokenizer, tmp_path, data, new_model, **settings):
+    """Three steps on `data` in data.layout=padded and shared_prompt (the same batches: no length
+    grouping), each from `new_model()`; asserts the same losses and parameters, and fewer
+    computed tokens in shared_prompt."""
     found = {}
     for layout in ("padded", "shared_prompt"):
         config = make_config(
             tmp_path,
             max_training_steps=3,
             run_name=layout,
-            loss=loss,
             layout=layout,
-            length_group_window=1,  # the same batches in both layouts
+            length_group_window=1,
+            **settings,
         )
-        trainer = rx.RewardTrainer(
-            config, tokenizer, model=tiny_llama(tokenizer), train_dataset=data
-        )
+        trainer = rx.RewardTrainer(config, tokenizer, model=new_model(), train_dataset=data)
         fns = trainer.configure_functions()
         seen = []
 
@@ -393,6 +388,16 @@ def test_shared_prompt_groups_train_as_padded_groups(tokenizer, tmp_path, loss):
     np.testing.assert_allclose(shared_params, padded_params, atol=2e-6)
     computed = lambda runs: sum(counts[1] for _, counts in runs)  # noqa: E731
     assert computed(shared) < computed(padded)
+
+
+@pytest.mark.parametrize("loss", ["plackett_luce", "mse"])
+def test_shared_prompt_groups_train_as_padded_groups(tokenizer, tmp_path, loss):
+    """data.layout=shared_prompt lays each group out as one prompt and K branches
+    (`pack_group_records`): the same rows in the same order give the padded layout's losses and
+    parameters, with fewer computed tokens."""
+    pairs = rows(TRAIN, 24)
+    data = score_rows(pairs) if loss in losses.SCORE_LOSSES else ranked_rows(pairs)
+    train_in_both_layouts(tokenizer, tmp_path, data, lambda: tiny_llama(tokenizer), loss=loss)
 
 
 # ------------------------------------------------------------------------------- evaluation

@@ -25,6 +25,7 @@ from rewardax.models.reward import RewardModel
 from rewardax.state import RewardState
 from rewardax.steps import group_logits, make_train_step
 from test_cli import run_main
+from test_groups import train_in_both_layouts
 from test_steps import TINY, flat_params
 from test_trainer import HELDOUT, TRAIN, make_config, rows
 
@@ -258,6 +259,14 @@ def head_outputs(model, tokenizer, texts):
 def two_head_model(tokenizer, seed=0):
     base = tiny_llama(tokenizer)
     return RewardModel(dataclasses.replace(base.config, num_labels=2), rngs=nnx.Rngs(seed))
+
+
+def test_named_scores_train_the_same_in_shared_prompt_rows(tokenizer, tmp_path):
+    """Named scores (a masked objective in every third row) through K-branch rows
+    (`pack_group_records` adds their score_mask): the padded layout's losses and parameters."""
+    data = named_rows(rows(TRAIN, 12))
+    settings = dict(loss="mse", objectives=NAMES)
+    train_in_both_layouts(tokenizer, tmp_path, data, lambda: two_head_model(tokenizer), **settings)
 
 
 def test_a_tiny_two_objective_run_trains_exports_and_reloads(tokenizer, tmp_path):
