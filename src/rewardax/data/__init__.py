@@ -12,7 +12,6 @@ from rewardax.data.formats import FORMATS, detect_dataset_format, detect_format,
 from rewardax.data.groups import GROUP_KEYS, collate_groups
 from rewardax.data.loader import LoaderStats, PreferenceLoader, iterate_eval_batches
 from rewardax.data.packing import (
-    GROUP_KEYS,
     PACKED_KEYS,
     SHARED_PROMPT_KEYS,
     common_prefix_length,
