@@ -137,6 +137,10 @@ def main() -> None:
     parser.add_argument("--modes", default="pairs,plackett_luce,mse,all_pairs_bradley_terry")
     parser.add_argument("--steps", type=int, default=None, help="default: one epoch (120)")
     parser.add_argument("--quick", action="store_true", help="smoke run: 6 steps a mode")
+    parser.add_argument("--out", default=None, help="results file stem (default: by date)")
+    parser.add_argument(
+        "--no-untrained", action="store_true", help="skip the untrained model's evaluation"
+    )
     args = parser.parse_args()
     steps = 6 if args.quick and args.steps is None else args.steps
     modes = args.modes.split(",")
@@ -145,14 +149,16 @@ def main() -> None:
         parser.error(f"unknown modes {sorted(unknown)}; choose from {list(MODES)}")
     hostmem.retain_freed_memory()  # before JAX's CPU backend starts, as `rewardax train` does
     date = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d")
-    stem = f"vader_modes_{date}" + ("_quick" if steps else "")
+    stem = args.out or f"vader_modes_{date}" + ("_quick" if steps else "")
     meta = {"command": " ".join(["benchmarks/bench_modes.py", *sys.argv[1:]]),
             "devices": str(jax.devices())}  # fmt: skip
     rows: list[dict] = []
     with tempfile.TemporaryDirectory() as tmp:
         files = build(Path(tmp) / "data")
         for i, mode in enumerate(modes):
-            row, untrained = run_mode(mode, files, tmp, steps, before=i == 0)
+            row, untrained = run_mode(
+                mode, files, tmp, steps, before=i == 0 and not args.no_untrained
+            )
             if untrained:
                 rows.append({"mode": "untrained", "steps": 0, **untrained})
             rows.append(row)
