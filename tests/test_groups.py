@@ -494,3 +494,13 @@ def test_cli_eval_and_score_take_score_rows(tokenizer, tmp_path, capsys):
         assert ("mse" in metrics) == has_mse
         if has_mse:
             assert metrics["mse"] == pytest.approx(np.mean((rewards - target) ** 2), rel=1e-5)
+
+
+def test_rewardax_data_exports_the_padded_group_batch_keys():
+    # Regression: a merge re-exported packing.GROUP_KEYS over groups.GROUP_KEYS, so the trainer
+    # and the score-row scorer dropped attention_mask/reward_index from group batches (KeyError).
+    import rewardax.data as rdata
+    from rewardax.data import groups
+
+    assert rdata.GROUP_KEYS == groups.GROUP_KEYS
+    assert {"attention_mask", "reward_index"} <= set(rdata.GROUP_KEYS)
