@@ -13,9 +13,10 @@ training sentences and their mean human ratings, packaged by scripts/build_vader
 - `mse`: the 1,920 sentences as score rows (score = mean rating), batch 16.
 
 Every mode runs 120 steps of 16 sentence forward passes (one epoch), so the budget of sentences
-seen, forward passes and optimizer steps is the same. Group and score losses need
-data.layout=padded (the pairs keep the default job's shared_prompt layout; the responses' rewards
-are the same either way, only the speed differs). Each trained model is then evaluated on the
+seen, forward passes and optimizer steps is the same. Group and score losses run with
+data.layout=padded (the only layout they took when the figures were measured; they now also take
+shared_prompt), the pairs with the default job's shared_prompt layout; the rewards are the same
+either way, only the speed differs. Each trained model is then evaluated on the
 held-out split, never seen in training: pairwise accuracy on the 256 held-out pairs, and
 Spearman ρ / Kendall τ-b of reward against mean rating on their 512 sentences, on all of them and
 within the positive (>= +1.5) and negative (<= -1.5) halves, which no pair label orders.
