@@ -18,7 +18,8 @@ How they train depends on `train.loss` (`training_view`, which refuses a loss th
     conversational pair (a row with more responses weighs more). Score rows have no pairs.
   - `plackett_luce`, `all_pairs_bradley_terry`: `ResponseGroups` presents each ranked row as a
     group of its K responses with their ranks (`rewardax.data.groups` tokenizes and collates
-    them into `[B, K, T]` batches, K the largest row); the step applies the loss of
+    them into `[B, K, T]` batches, K the largest row, or, with data.layout=shared_prompt, into
+    K-branch rows with each prompt once); the step applies the loss of
     `rewardax.ranking_losses` per row, each row weighing the same.
   - `mse`, `gaussian_nll`: `ResponseGroups` presents each score row as a group of one response
     with its score.
@@ -29,9 +30,8 @@ Evaluation: `ranking_metrics` (Spearman ρ, Kendall τ-b and top-1 accuracy per 
 each response's reward: `response_rewards`) and `score_metrics` (Spearman ρ and Kendall τ-b
 between rewards and scores over all score rows, and their MSE).
 
-Not done here (issue #31): the prompt encoded once for all K responses (groups need
-data.layout=padded), tie-aware losses (Davidson, Rao-Kupper) in the train step, and streams
-(group losses need random access).
+Not done here (issue #31): tie-aware losses (Davidson, Rao-Kupper) in the train step, and
+streams (group losses need random access).
 """
 
 from __future__ import annotations
