@@ -556,3 +556,30 @@ def test_training_plot_marks_every_evaluation_above_the_train_lines(tmp_path):
         assert evaluation.get_markersize() >= 6
         assert list(evaluation.get_xdata()) == [10, 20, 30]
         assert evaluation.get_zorder() > lines["train (per log)"].get_zorder()
+
+
+def test_ranked_rows_metrics_are_shown_per_eval_set(tmp_path):
+    # An eval set of ranked rows carries `ranking` (rankings.ranking_metrics); a pair set does not.
+    chosen, rejected, _, _ = _eval_data(n=12)
+    ranked = dict(preference_metrics(chosen, rejected))
+    ranking = {"spearman": 0.625, "kendall_tau": 0.4375, "top1_accuracy": 0.75, "num_rows": 4}
+    ranked["ranking"] = ranking
+    out = write_report(
+        tmp_path / "r",
+        metrics={"ranked": ranked, "pairs": preference_metrics(chosen, rejected)},
+        chosen={"ranked": chosen, "pairs": chosen},
+        rejected={"ranked": rejected, "pairs": rejected},
+    )
+    page = (out / "index.html").read_text(encoding="utf-8")
+    rows = dict(
+        (label, (ranked_cell, pairs_cell))
+        for label, ranked_cell, pairs_cell in re.findall(
+            r"<tr><td>([^<]*)</td><td>([^<]*)</td><td>([^<]*)</td></tr>", page
+        )
+    )
+    assert rows["Ranked rows"] == ("4", "—")
+    assert rows["Spearman ρ(reward, −rank), mean per ranked row"] == ("0.6250", "—")
+    assert rows["Kendall τ-b(reward, −rank), mean per ranked row"] == ("0.4375", "—")
+    assert rows["Top-1 accuracy (best-ranked response has the top reward)"] == ("0.7500", "—")
+    plain = _full_report(tmp_path / "plain").joinpath("index.html").read_text(encoding="utf-8")
+    assert "Ranked rows" not in plain

@@ -111,6 +111,20 @@ def _summary_rows(sets: list[_EvalSet]) -> list[list[Any]]:
             ["Spearman ρ(reward, length)", *(s.metrics.get("length_spearman") for s in sets)]
         )
         rows.append(["Mean length chosen / rejected", *(lengths(s) for s in sets)])
+    # Rows ranking K responses (`rankings.ranking_metrics`, means over the ranked rows).
+    if any(isinstance(s.metrics.get("ranking"), Mapping) for s in sets):
+
+        def ranking(s: _EvalSet, key: str) -> Any:
+            found = s.metrics.get("ranking")
+            return found.get(key) if isinstance(found, Mapping) else None
+
+        for key, label in (
+            ("num_rows", "Ranked rows"),
+            ("spearman", "Spearman ρ(reward, −rank), mean per ranked row"),
+            ("kendall_tau", "Kendall τ-b(reward, −rank), mean per ranked row"),
+            ("top1_accuracy", "Top-1 accuracy (best-ranked response has the top reward)"),
+        ):
+            rows.append([label, *(ranking(s, key) for s in sets)])
     return rows
 
 
