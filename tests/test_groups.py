@@ -155,7 +155,7 @@ def test_mixed_rows_are_refused_naming_the_row(tokenizer):
     [
         ("scores", "bradley_terry", "have no pairs: use train.loss=mse or gaussian_nll"),
         ("scores", "plackett_luce", "use train.loss=mse or gaussian_nll"),
-        ("ranked", "mse", "use train.loss=bradley_terry .*, plackett_luce or all_pairs"),
+        ("ranked", "mse", "bradley_terry .*, plackett_luce, all_pairs_bradley_terry or davidson"),
         ("pairs", "all_pairs_bradley_terry", "use train.loss=bradley_terry"),
         ("pairs", "gaussian_nll", "use train.loss=bradley_terry"),
     ],
@@ -214,6 +214,18 @@ def test_group_sums_equal_the_pure_functions_on_hand_made_rewards():
         float(want[0] + want[1]) / 2, rel=1e-6
     )
 
+    # Row 1 has no tie: each of its 3 preferred pairs (d = 1, 2, 1) costs logsumexp(d/2, -d/2, θ)
+    # - d/2; row 2's one pair (ranks 0 and 1) d = -2.5. θ = log 2 here.
+    theta = math.log(2.0)
+
+    def preferred(d):
+        return math.log(math.exp(d / 2) + math.exp(-d / 2) + math.exp(theta)) - d / 2
+
+    dav = group_sums(logits, batch, "davidson", theta)
+    row1 = (2 * preferred(1.0) + preferred(2.0)) / 3
+    assert float(dav["loss"]) == pytest.approx(row1 + preferred(-2.5), rel=1e-5)
+    assert float(dav["correct_pairs"]) == 3 and float(dav["num_ranked_pairs"]) == 4
+
     scores = {"scores": np.array([[1.0], [3.0], [0.0]], np.float32), **batch}
     scores["response_mask"] = np.ones((3, 1), np.float32)
     predicted = np.array([[[0.5, 0.0]], [[1.0, math.log(4.0)]], [[7.0, 0.0]]], np.float32)
@@ -266,6 +278,10 @@ def recomputed_loss(logits, batch, loss):
     elif loss == "all_pairs_bradley_terry":
         per_row = ranking_losses.all_pairs_bradley_terry_loss(
             r, batch["ranks"], batch["response_mask"]
+        )
+    elif loss == "davidson":  # at the default θ = 0
+        per_row = ranking_losses.all_pairs_davidson_loss(
+            r, batch["ranks"], batch["response_mask"], 0.0
         )
     elif loss == "mse":
         per_row = ranking_losses.mse_loss(r[:, 0], batch["scores"][:, 0])

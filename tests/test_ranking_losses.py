@@ -418,3 +418,35 @@ def test_gaussian_nll_gradient_matches_numeric_differences():
     np.testing.assert_allclose(
         got, numeric_gradient(reference, point), rtol=1e-5, atol=NUMERIC_GRAD_ATOL / 10
     )
+
+
+def test_all_pairs_davidson_by_hand_ties_and_limits():
+    # The docstring's row: preferred pairs d = 1 (twice) and one tie at d = 0, θ = 0 (ν = 1).
+    preferred = math.log(math.exp(0.5) + math.exp(-0.5) + 1.0) - 0.5
+    got = rl.all_pairs_davidson_loss(
+        jnp.array([[1.0, 0.0, 0.0]]), jnp.array([[0, 1, 1]]), jnp.ones((1, 3)), 0.0
+    )
+    np.testing.assert_allclose(got, [(2 * preferred + math.log(3.0)) / 3], rtol=1e-6)
+    assert float(got[0]) == pytest.approx(0.8197, abs=1e-4)
+    # Two responses: the pairwise davidson_loss itself, preferred or tied.
+    rewards = jnp.array([[0.3, -1.2], [0.4, 0.9]])
+    ranks = jnp.array([[0, 1], [2, 2]])
+    pairwise = rl.davidson_loss(rewards[:, 0], rewards[:, 1], jnp.array([0.0, 1.0]), math.log(0.5))
+    np.testing.assert_allclose(
+        rl.all_pairs_davidson_loss(rewards, ranks, jnp.ones((2, 2)), math.log(0.5)),
+        pairwise,
+        rtol=1e-6,
+    )
+    # θ -> -inf on a row without ties: all-pairs Bradley-Terry; a NaN padded reward changes
+    # neither the value nor the gradient.
+    rewards = jnp.array([[2.0, 1.0, 0.0, jnp.nan]])
+    ranks = jnp.array([[0, 2, 1, 0]])
+    mask = jnp.array([[1.0, 1.0, 1.0, 0.0]])
+    np.testing.assert_allclose(
+        rl.all_pairs_davidson_loss(rewards, ranks, mask, -40.0),
+        rl.all_pairs_bradley_terry_loss(rewards, ranks, mask),
+        rtol=1e-6,
+    )
+    grad = jax.grad(lambda r: rl.all_pairs_davidson_loss(r, ranks, mask, 0.0).sum())
+    g = np.asarray(grad(rewards))
+    assert np.isfinite(g).all() and g[0, 3] == 0.0

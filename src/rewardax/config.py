@@ -42,7 +42,7 @@ ScheduleName = Literal["constant", "linear", "cosine"]
 NanPolicy = Literal["error", "skip_step"]
 ReportTarget = Literal["tensorboard", "wandb"]
 LossName = Literal[
-    "bradley_terry", "plackett_luce", "all_pairs_bradley_terry", "mse", "gaussian_nll"
+    "bradley_terry", "plackett_luce", "all_pairs_bradley_terry", "davidson", "mse", "gaussian_nll"
 ]
 LoraTarget = Literal["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 
@@ -209,7 +209,9 @@ class TrainSection(Section):
     """the training objective, which must fit the data (checked when the data is opened):
     `bradley_terry` trains pairs, and rows ranking K responses as the pairs they imply;
     `plackett_luce` (listwise) and `all_pairs_bradley_terry` (the mean over a row's pairs, each
-    row weighing the same) train K-response rows as groups of K; `mse` and `gaussian_nll` train
+    row weighing the same) train K-response rows as groups of K, as does `davidson` (Davidson's
+    tie model over a row's pairs: equal ranks are ties; ν = exp(train.log_tie_strength));
+    `mse` and `gaussian_nll` train
     score rows (`response` + `score`); `gaussian_nll` reads log σ² from the second head output
     (model.num_labels=2). Group losses take data.layout=padded ([B, K, T]) or shared_prompt
     (the prompt once, K branches; `rewardax.data.packing.pack_groups`), not packed.
@@ -219,6 +221,11 @@ class TrainSection(Section):
     null takes the largest row of the training data.
     """
 
+    log_tie_strength: float = 0.0
+    """with train.loss=davidson: θ = log ν of the tie model (fixed, not learned); a tie is likeliest
+    between equal rewards, where P(tie) = ν / (2 + ν): 1/3 at the default 0.
+    """
+
     objective_weights: dict[str, float] | None = None
     """with model.objectives: each objective's weight w in the loss Σ w · (that objective's mean
     loss over the rows that score it) (`losses.combine_objectives`); a name left out weighs 1.0,
@@ -226,7 +233,7 @@ class TrainSection(Section):
     """
 
     omit_when_default: ClassVar[frozenset[str]] = frozenset(
-        {"loss", "max_responses", "objective_weights"}
+        {"loss", "max_responses", "log_tie_strength", "objective_weights"}
     )
 
     @pydantic.field_validator("objective_weights", mode="before")
@@ -805,6 +812,10 @@ def _problems(config: RewardConfig, num_devices: int, num_processes: int) -> lis
         f"output; set model.num_labels=2 (got {m.num_labels})",
     )
     positive("train", t, "max_responses", nullable=True)
+    need(
+        math.isfinite(t.log_tie_strength),
+        f"train.log_tie_strength={t.log_tie_strength} must be a finite number (θ = log ν)",
+    )
 
     positive("eval", config.eval, "eval_steps", nullable=True)
     ck = config.checkpoint

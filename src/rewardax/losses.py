@@ -228,7 +228,7 @@ def combine_objectives(
 
 # The losses over a group batch, and the target each one reads: `ranks` [B, K] (lower is better)
 # for rows ranking K responses, `scores` [B, 1] for score rows.
-RANKING_LOSSES = ("plackett_luce", "all_pairs_bradley_terry")
+RANKING_LOSSES = ("plackett_luce", "all_pairs_bradley_terry", "davidson")
 SCORE_LOSSES = ("mse", "gaussian_nll")
 GROUP_LOSSES = RANKING_LOSSES + SCORE_LOSSES
 
@@ -240,6 +240,7 @@ def group_metric_sums(
     row_mask: Array,
     loss: str,
     log_variance: Array | None = None,
+    log_tie_strength: float = 0.0,
 ) -> dict[str, Array]:
     """Sums over the real rows of one (micro)batch of groups, additive across microbatches and
     devices (`group_metrics_from_sums` divides once), as `reward_metric_sums` is for pairs.
@@ -251,6 +252,7 @@ def group_metric_sums(
       row_mask: [B] 1 for real rows, 0 for padding rows.
       loss: one of `GROUP_LOSSES`.
       log_variance: [B, K] predicted log σ² (gaussian_nll only).
+      log_tie_strength: θ = log ν of Davidson's tie model (davidson only).
 
     Returns:
       scalars: loss (Σ per-row loss), num_rows, reward and reward_sq (Σ r, Σ r² over real
@@ -274,6 +276,8 @@ def group_metric_sums(
         per_row = ranking_losses.plackett_luce_loss(rewards, targets, valid)
     elif loss == "all_pairs_bradley_terry":
         per_row = ranking_losses.all_pairs_bradley_terry_loss(rewards, targets, valid)
+    elif loss == "davidson":
+        per_row = ranking_losses.all_pairs_davidson_loss(rewards, targets, valid, log_tie_strength)
     elif loss == "mse":
         per_row = ranking_losses.mse_loss(rewards[:, 0], targets[:, 0])
     elif loss == "gaussian_nll":

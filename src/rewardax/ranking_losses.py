@@ -119,6 +119,45 @@ def all_pairs_bradley_terry_loss(
     return jnp.sum(per_pair, axis=(1, 2)) / jnp.maximum(count, 1.0)
 
 
+def all_pairs_davidson_loss(
+    rewards: Array, ranks: Array, mask: Array, log_tie_strength: Array | float
+) -> Array:
+    """Per-row mean of `davidson_loss` over every pair of a ranking, equal ranks being ties.
+
+    Each unordered pair of real responses {i, j} counts once: rank_i < rank_j is "i preferred"
+    (d = r_i − r_j), equal ranks are a tie (either order: the tie term is symmetric in d).
+    Averaged over the row's pairs, so each row weighs the same (as `all_pairs_bradley_terry_loss`,
+    which this becomes, pair by pair, as θ → −∞ on rows without ties).
+
+    Args:
+      rewards: [B, K] rewards; ranks: [B, K], lower = better, equal = tie; mask: [B, K] 1 for
+        real responses.
+      log_tie_strength: θ = log ν, a scalar (`davidson_loss`).
+
+    Returns:
+      [B] float32; 0 for a row of one response. Example: rewards [[1, 0, 0]], ranks [[0, 1, 1]],
+      θ = 0: two preferred pairs with d = 1 and one tie with d = 0 ->
+      [(2 (logsumexp(½, −½, 0) − ½) + log 3) / 3] = [0.8197].
+    """
+    rewards, ranks, valid = _listwise(rewards, ranks, mask)
+    b, k = rewards.shape
+    both = valid[:, :, None] & valid[:, None, :]
+    preferred = both & (ranks[:, :, None] < ranks[:, None, :])
+    upper = jnp.arange(k)[:, None] < jnp.arange(k)[None, :]  # a tie counted once, as (i < j)
+    tie = both & (ranks[:, :, None] == ranks[:, None, :]) & upper
+    counted = preferred | tie
+    first = jnp.broadcast_to(rewards[:, :, None], (b, k, k)).reshape(-1)
+    second = jnp.broadcast_to(rewards[:, None, :], (b, k, k)).reshape(-1)
+    per_pair = davidson_loss(
+        jnp.where(counted.reshape(-1), first, 0.0),  # padded rewards may be NaN
+        jnp.where(counted.reshape(-1), second, 0.0),
+        tie.reshape(-1).astype(jnp.float32),
+        log_tie_strength,
+    ).reshape(b, k, k)
+    count = jnp.sum(counted, axis=(1, 2)).astype(jnp.float32)
+    return jnp.sum(jnp.where(counted, per_pair, 0.0), axis=(1, 2)) / jnp.maximum(count, 1.0)
+
+
 def _tie_pairs(
     chosen_rewards: Array, rejected_rewards: Array, tie: Array, margin: Array | None
 ) -> tuple[Array, Array]:

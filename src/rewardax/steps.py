@@ -146,13 +146,15 @@ def group_targets(batch: Batch, loss: str) -> jax.Array:
         fits = (
             "mse or gaussian_nll"
             if "scores" in batch
-            else "plackett_luce or all_pairs_bradley_terry"
+            else "plackett_luce, all_pairs_bradley_terry or davidson"
         )
         raise ConfigError(f"train.loss={loss} needs `{name}` in the batch; this data fits {fits}")
     return batch[name]
 
 
-def group_sums(logits: jax.Array, batch: Batch, loss: str) -> dict[str, jax.Array]:
+def group_sums(
+    logits: jax.Array, batch: Batch, loss: str, log_tie_strength: float = 0.0
+) -> dict[str, jax.Array]:
     """`losses.group_metric_sums` of a group batch's head outputs ([B, K, num_labels])."""
     log_variance = None
     if loss == "gaussian_nll":
@@ -169,6 +171,7 @@ def group_sums(logits: jax.Array, batch: Batch, loss: str) -> dict[str, jax.Arra
         batch["row_mask"],
         loss,
         log_variance,
+        log_tie_strength,
     )
 
 
@@ -228,6 +231,7 @@ def make_train_step(
     compute_dtype: Any = jnp.bfloat16,
     loss: str = "bradley_terry",
     objective_weights: dict[str, float] | None = None,
+    log_tie_strength: float = 0.0,
 ) -> Callable[[Arrays, Batch], tuple[Arrays, dict[str, jax.Array]]]:
     """Builds `train_step(arrays, batch) -> (new_arrays, metrics)` (not yet jitted).
 
@@ -238,7 +242,8 @@ def make_train_step(
 
     `loss` is `bradley_terry` (pair batches) or one of `losses.GROUP_LOSSES` (group batches:
     each microbatch's loss is its sum over real rows divided by the real rows of the whole
-    batch, as for pairs; metrics from `losses.group_metrics_from_sums`).
+    batch, as for pairs; metrics from `losses.group_metrics_from_sums`); `log_tie_strength` is
+    the davidson loss's θ.
 
     Gradients are accumulated over `accumulation_steps` microbatches inside the step (a `lax.scan`);
     each microbatch's loss is its SUM over real pairs divided by the real pairs of the whole batch,
@@ -275,7 +280,8 @@ def make_train_step(
             means = {n: sums[f"loss/{n}"] / total_pairs[n] for n in names}
             return losses.combine_objectives(means, weights), sums
         if groups:
-            sums = group_sums(group_logits(model, micro, dropout_rng=rng), micro, loss)
+            logits = group_logits(model, micro, dropout_rng=rng)
+            sums = group_sums(logits, micro, loss, log_tie_strength)
             return sums["loss"] / total_pairs, sums
         chosen, rejected = pair_rewards(model, micro, dropout_rng=rng)
         sums = losses.reward_metric_sums(
@@ -408,6 +414,7 @@ def configured_train_step(
         compute_dtype=config.model.dtype,
         loss=config.train.loss,
         objective_weights=run_objective_weights(config),
+        log_tie_strength=config.train.log_tie_strength,
     )
 
 

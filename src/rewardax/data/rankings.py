@@ -16,7 +16,7 @@ How they train depends on `train.loss` (`training_view`, which refuses a loss th
     pair row per ordered (better, worse) couple: K responses without ties give K(K-1)/2 pairs,
     tied responses none between them. The pairs then train and evaluate as any standard or
     conversational pair (a row with more responses weighs more). Score rows have no pairs.
-  - `plackett_luce`, `all_pairs_bradley_terry`: `ResponseGroups` presents each ranked row as a
+  - `plackett_luce`, `all_pairs_bradley_terry`, `davidson`: `ResponseGroups` presents each ranked row as a
     group of its K responses with their ranks (`rewardax.data.groups` tokenizes and collates
     them into `[B, K, T]` batches, K the largest row, or, with data.layout=shared_prompt, into
     K-branch rows with each prompt once); the step applies the loss of
@@ -341,8 +341,8 @@ def training_view(
     fits = {
         None: "train.loss=bradley_terry (plackett_luce and all_pairs_bradley_terry of two "
         "responses are the same loss)",
-        "ranks": "train.loss=bradley_terry (over the pairs they imply), plackett_luce or "
-        "all_pairs_bradley_terry",
+        "ranks": "train.loss=bradley_terry (over the pairs they imply), plackett_luce, "
+        "all_pairs_bradley_terry or davidson (equal ranks as ties)",
         "scores": "train.loss=mse or gaussian_nll",
     }
     fits["lists"] = fits["ranks"]
