@@ -6,10 +6,11 @@ per microbatch and divide once by the number of real rows, which makes gradient 
 multi-device reduction exact, as for Bradley–Terry). Several of them combine with
 `rewardax.losses.combine_objectives`.
 
-The train step uses four of them through `train.loss` (`rewardax.losses.group_metric_sums` over
-`[B, K]` group batches): `plackett_luce_loss` and `all_pairs_bradley_terry_loss` for rows ranking
-K responses, `mse_loss` and `gaussian_nll_loss` (log σ² from the second head output) for score
-rows. The tie models (`davidson_loss`, `rao_kupper_loss`) are not used by the step yet.
+The train step uses five of them through `train.loss` (`rewardax.losses.group_metric_sums` over
+`[B, K]` group batches): `plackett_luce_loss`, `all_pairs_bradley_terry_loss` and
+`all_pairs_davidson_loss` (Davidson's tie model over a row's pairs, equal ranks as ties, θ fixed
+by train.log_tie_strength) for rows ranking K responses, `mse_loss` and `gaussian_nll_loss`
+(log σ² from the second head output) for score rows. `rao_kupper_loss` is not used by the step.
 
 Shapes: B rows; K responses per row for the listwise losses, padded K entries flagged by a
 `[B, K]` mask. Ranks are numbers with lower = better (0 = best); equal ranks are a tie.
@@ -206,7 +207,7 @@ def davidson_loss(
 
     The tie parameter is an argument, fixed or learned as the caller chooses: the loss is smooth
     in θ, so passing a trainable scalar and differentiating learns it (ν > 0 for any real θ);
-    passing a constant fixes it. Nothing in rewardax learns it yet.
+    passing a constant fixes it. rewardax fixes it (train.log_tie_strength with train.loss=davidson).
 
     Args:
       chosen_rewards, rejected_rewards: [B] rewards (for a tie, the two responses in any order).
