@@ -38,6 +38,31 @@ Batch = dict[str, jax.Array]
 Arrays = dict[str, Any]
 
 
+def _head_outputs(model: nnx.Module, batch: Batch, dropout_rng: jax.Array | None) -> jax.Array:
+    """The score head's outputs for a batch of either layout, in one forward pass: packed or
+    K-branch rows (the batch has `reward_slot`) as they are, [R, S, num_labels] for
+    `reward_positions` [R, S]; padded [B, n, T] responses as B*n rows, [B*n, num_labels]."""
+    kwargs = {}
+    if dropout_rng is not None:
+        kwargs = {"deterministic": False, "dropout_rng": dropout_rng}
+    if "reward_slot" in batch:
+        return model(
+            batch["input_ids"],
+            positions=batch["positions"],
+            segment_ids=batch["segment_ids"],
+            branch_ids=batch.get("branch_ids"),
+            reward_positions=batch["reward_positions"],
+            **kwargs,
+        ).logits
+    b, n, t = batch["input_ids"].shape
+    return model(
+        batch["input_ids"].reshape(b * n, t),
+        batch["attention_mask"].reshape(b * n, t),
+        reward_positions=batch["reward_index"].reshape(b * n),
+        **kwargs,
+    ).logits
+
+
 def pair_rewards(model: nnx.Module, batch: Batch, *, dropout_rng: jax.Array | None = None):
     """Scores both responses of each pair in one forward pass.
 
@@ -47,30 +72,12 @@ def pair_rewards(model: nnx.Module, batch: Batch, *, dropout_rng: jax.Array | No
     Returns:
       (chosen [B], rejected [B]) float32 rewards (first score head output).
     """
-    kwargs = {}
-    if dropout_rng is not None:
-        kwargs = {"deterministic": False, "dropout_rng": dropout_rng}
+    logits = _head_outputs(model, batch, dropout_rng)
     if "reward_slot" in batch:
-        out = model(
-            batch["input_ids"],
-            positions=batch["positions"],
-            segment_ids=batch["segment_ids"],
-            branch_ids=batch.get("branch_ids"),
-            reward_positions=batch["reward_positions"],
-            **kwargs,
-        )
-        flat = out.logits[..., 0].astype(jnp.float32).reshape(-1)  # [R*K]
+        flat = logits[..., 0].astype(jnp.float32).reshape(-1)  # [R*S]
         rewards = flat[batch["reward_slot"]]  # [B, 2]
-        return rewards[:, 0], rewards[:, 1]
-    input_ids = batch["input_ids"]
-    b, two, t = input_ids.shape
-    out = model(
-        input_ids.reshape(b * two, t),
-        batch["attention_mask"].reshape(b * two, t),
-        reward_positions=batch["reward_index"].reshape(b * two),
-        **kwargs,
-    )
-    rewards = out.logits[:, 0].astype(jnp.float32).reshape(b, two)
+    else:
+        rewards = logits[:, 0].astype(jnp.float32).reshape(-1, 2)
     return rewards[:, 0], rewards[:, 1]
 
 
@@ -109,33 +116,17 @@ def rewards_by_slot(
 
 
 def group_logits(model: nnx.Module, batch: Batch, *, dropout_rng: jax.Array | None = None):
-    """Scores the K responses of each row of a group batch in one forward pass of [B*K, T].
+    """Scores the K responses of each row of a group batch in one forward pass: [B*K, T] padded
+    rows, or K-branch rows (data.layout=shared_prompt) read through `rewards_by_slot`.
 
     Returns:
       [B, K, num_labels] float32 head outputs; [..., 0] is the reward.
     """
-    kwargs = {}
-    if dropout_rng is not None:
-        kwargs = {"deterministic": False, "dropout_rng": dropout_rng}
-    if "reward_slot" in batch:  # K-branch rows (data.layout=shared_prompt): [R, T] -> [G, K, L]
-        out = model(
-            batch["input_ids"],
-            positions=batch["positions"],
-            segment_ids=batch["segment_ids"],
-            branch_ids=batch["branch_ids"],
-            reward_positions=batch["reward_positions"],
-            **kwargs,
-        )
-        return rewards_by_slot(out.logits, batch["reward_slot"], batch["response_mask"])
-    input_ids = batch["input_ids"]
-    b, k, t = input_ids.shape
-    out = model(
-        input_ids.reshape(b * k, t),
-        batch["attention_mask"].reshape(b * k, t),
-        reward_positions=batch["reward_index"].reshape(b * k),
-        **kwargs,
-    )
-    return out.logits.astype(jnp.float32).reshape(b, k, -1)
+    logits = _head_outputs(model, batch, dropout_rng)
+    if "reward_slot" in batch:
+        return rewards_by_slot(logits, batch["reward_slot"], batch["response_mask"])
+    b, k = batch["input_ids"].shape[:2]
+    return logits.astype(jnp.float32).reshape(b, k, -1)
 
 
 def group_targets(batch: Batch, loss: str) -> jax.Array:
