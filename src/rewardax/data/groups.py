@@ -33,24 +33,23 @@ import numpy as np
 
 from rewardax.data.config import DataConfig
 from rewardax.data.formats import InvalidRow
+from rewardax.data.packing import KBRANCH_KEYS, pack_groups
 from rewardax.data.tokenize import FilteredPair
 
 # The keys a group train step takes, of either layout: [B, K, T] here, K-branch rows
 # (data.layout=shared_prompt, `rewardax.data.packing.KBRANCH_KEYS`) from `pack_group_records`.
-GROUP_KEYS = (
-    "input_ids",
-    "attention_mask",
-    "reward_index",
-    "segment_ids",
-    "positions",
-    "branch_ids",
-    "reward_positions",
-    "reward_slot",
-    "response_mask",
-    "ranks",
-    "scores",
-    "score_mask",
-    "row_mask",
+GROUP_KEYS = tuple(
+    dict.fromkeys(
+        (
+            "input_ids",
+            "attention_mask",
+            "reward_index",
+            *KBRANCH_KEYS,
+            "ranks",
+            "scores",
+            "score_mask",
+        )
+    )
 )
 
 
@@ -215,8 +214,6 @@ def pack_group_records(
     prompt (the common token prefix of its responses) once, its responses as branches
     (`rewardax.data.packing.pack_groups`, whose batch keys these are). The rewards equal the
     padded layout's."""
-    from rewardax.data.packing import pack_groups  # packing imports collate, as loader does
-
     batch = pack_groups(
         [{"responses_input_ids": r["responses"], target_name: r["targets"]} for r in records],
         pad_id,
