@@ -35,6 +35,37 @@ from rewardax.steps import make_eval_step, make_group_eval_step
 _PAIR_FIELDS = ("row_index", "chosen", "rejected", "margin", "chosen_lengths", "rejected_lengths")
 
 
+def _batches_in_lockstep(scorer: Any, source: Any, stats: Any, **loader_kwargs: Any):
+    """(mine, batches): this process's share of every eval batch of `source` (each process reads
+    its own rows; `distributed.lockstep` pads so that all run the same steps), and the indices of
+    the rows it supplied in a step's replicated outputs. `scorer` has batch_size, mesh,
+    tokenizer and data_config; `loader_kwargs` go to `iterate_eval_batches`."""
+    process_count = jax.process_count()
+    local_batch_size = scorer.batch_size // process_count
+    mine = distributed.local_row_indices(batch_sharding(scorer.mesh), scorer.batch_size)
+    batches = rdata.iterate_eval_batches(
+        source,
+        scorer.tokenizer,
+        scorer.data_config,
+        batch_size=local_batch_size,
+        process_index=jax.process_index(),
+        process_count=process_count,
+        stats=stats,
+        **loader_kwargs,
+    )
+    pad_id = rdata.pad_token_id(scorer.tokenizer)
+    return mine, distributed.lockstep(batches, local_batch_size, pad_id)
+
+
+def _gathered_in_source_order(parts: dict[str, list[np.ndarray]], mask_key: str):
+    """(gathered, real, order): every process's parts gathered (they ran the same steps, so they
+    line up), `mask_key` popped as the real-row mask, and the order that puts the real rows back
+    in the source's order (batches are grouped by length)."""
+    gathered = {k: distributed.allgather(np.concatenate(v)).reshape(-1) for k, v in parts.items()}
+    real = gathered.pop(mask_key) > 0
+    return gathered, real, np.argsort(gathered["row_index"][real], kind="stable")
+
+
 @dataclass(frozen=True)
 class PairRewards:
     """The rewards of a source's pairs, in the order of its rows (filtered rows left out).
@@ -127,22 +158,10 @@ class PairScorer:
 
     def __call__(self, arrays: dict[str, Any], source: Any) -> PairRewards:
         """The rewards of every pair of `source` under `arrays` ({"params", "rest"}, placed)."""
-        process_count = jax.process_count()
-        local_batch_size = self.batch_size // process_count  # each process reads its own rows
-        mine = distributed.local_row_indices(batch_sharding(self.mesh), self.batch_size)
         parts: dict[str, list[np.ndarray]] = {k: [] for k in (*_PAIR_FIELDS, "pair_mask")}
         stats = rdata.LoaderStats()
-        batches = rdata.iterate_eval_batches(
-            source,
-            self.tokenizer,
-            self.data_config,
-            batch_size=local_batch_size,
-            process_index=jax.process_index(),
-            process_count=process_count,
-            stats=stats,
-        )
-        pad_id = rdata.pad_token_id(self.tokenizer)
-        for host_batch in distributed.lockstep(batches, local_batch_size, pad_id):
+        mine, host_batches = _batches_in_lockstep(self, source, stats)
+        for host_batch in host_batches:
             batch = global_batch(_model_inputs(host_batch), self.mesh)
             # The outputs are replicated: keep the rows this process supplied.
             out = jax.device_get(self._step(arrays, batch))
@@ -154,13 +173,7 @@ class PairScorer:
             parts["margin"].append(np.asarray(host_batch["margin"]))
             parts["chosen_lengths"].append(lengths[:, 0])
             parts["rejected_lengths"].append(lengths[:, 1])
-        # Every process ran the same steps, so the parts line up: gather them all.
-        gathered = {
-            k: distributed.allgather(np.concatenate(v)).reshape(-1) for k, v in parts.items()
-        }
-        real = gathered.pop("pair_mask") > 0
-        # Batches are grouped by length; put the pairs back in the order of the source rows.
-        order = np.argsort(gathered["row_index"][real], kind="stable")
+        gathered, real, order = _gathered_in_source_order(parts, "pair_mask")
         return PairRewards(
             **{k: v[real][order] for k, v in gathered.items()},
             num_truncated=round(distributed.process_sum(stats.truncated)),
@@ -243,27 +256,19 @@ class ScoreRowScorer:
         )
 
     def __call__(self, arrays: dict[str, Any], source: Any) -> ScoreRewards:
-        process_count = jax.process_count()
-        local_batch_size = self.batch_size // process_count
-        mine = distributed.local_row_indices(batch_sharding(self.mesh), self.batch_size)
         parts: dict[str, list[np.ndarray]] = {
             k: [] for k in ("rewards", "scores", "lengths", "row_index", "row_mask")
         }
         named: dict[str, list[np.ndarray]] = {"outputs": [], "named": []}
         stats = rdata.LoaderStats()
-        batches = rdata.iterate_eval_batches(
+        mine, host_batches = _batches_in_lockstep(
+            self,
             source,
-            self.tokenizer,
-            self.data_config,
-            batch_size=local_batch_size,
-            process_index=jax.process_index(),
-            process_count=process_count,
-            stats=stats,
+            stats,
             loss="mse",  # score rows as groups of one response
             objectives=list(self.objectives) if self.objectives else None,
         )
-        pad_id = rdata.pad_token_id(self.tokenizer)
-        for host_batch in distributed.lockstep(batches, local_batch_size, pad_id):
+        for host_batch in host_batches:
             inputs = {k: host_batch[k] for k in rdata.GROUP_KEYS if k in host_batch}
             out = jax.device_get(self._step(arrays, global_batch(inputs, self.mesh)))
             parts["rewards"].append(np.asarray(out["rewards"])[mine][:, 0])
@@ -277,11 +282,7 @@ class ScoreRowScorer:
             parts["lengths"].append(np.asarray(host_batch["attention_mask"]).sum(-1)[:, 0])
             parts["row_index"].append(np.asarray(host_batch["row_index"]))
             parts["row_mask"].append(np.asarray(host_batch["row_mask"]))
-        gathered = {
-            k: distributed.allgather(np.concatenate(v)).reshape(-1) for k, v in parts.items()
-        }
-        real = gathered.pop("row_mask") > 0
-        order = np.argsort(gathered["row_index"][real], kind="stable")
+        gathered, real, order = _gathered_in_source_order(parts, "row_mask")
         extra: dict[str, Any] = {}
         if self.objectives is not None:
             width = len(self.objectives)
