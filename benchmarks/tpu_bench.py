@@ -1,6 +1,6 @@
 """TPU throughput of RewardTrainer's jitted step, today's kernels against the backend's (issue 28).
 
-    python benchmarks/tpu_bench.py [--set kernels|remat|remat2|tune] [--budget-s 420] [--steps 8] [--out DIR] [--tiny]
+    python benchmarks/tpu_bench.py [--set kernels|remat|remat2|tune|offload|offload_attention|defaults] [--budget-s 420] [--steps 8] [--out DIR] [--tiny]
 
 Random-init models of real shapes (SmolLM2-135M, Qwen2.5-0.5B, Qwen2.5-1.5B), bf16 compute, float32
 parameters and Adam moments (bf16 both for 1.5B), padded rows of exactly T tokens, remat `full`,
@@ -197,6 +197,19 @@ OFFLOAD_JOBS = [
     Job("qwen2.5-0.5b", 2048, "pallas", (4, 2), remat="none", optim=dict(offload_state=True)),
     Job("smollm2-135m", 512, "pallas", (32, 16), remat="none"),
     Job("smollm2-135m", 512, "cpu", (32, 16), remat="none"),
+]
+# `--set offload_attention`: remat "offload_attention" (the splash kernel's residuals in host
+# memory; `rewardax plan` on a v5e: 0.5B at 8 x 2048 needs 13.40 GiB on the chip, "full"'s 13.74)
+# against "full" and "save_attention" at the same pairs, in one run (ratios of one run).
+OFFLOAD_ATTENTION_JOBS = [
+    Job("qwen2.5-0.5b", 2048, "pallas", (8,), remat="offload_attention"),
+    Job("qwen2.5-0.5b", 2048, "pallas", (8,), remat="full"),
+    Job("smollm2-135m", 2048, "pallas", (16,), remat="offload_attention"),
+    Job("smollm2-135m", 2048, "pallas", (16,), remat="full"),
+    Job("smollm2-135m", 2048, "pallas", (8,), remat="save_attention"),
+    Job("qwen2.5-1.5b", 2048, "pallas", (2,), param_dtype="bfloat16", remat="offload_attention"),
+    Job("qwen2.5-0.5b", 512, "pallas", (32,), remat="offload_attention"),
+    Job("qwen2.5-0.5b", 512, "pallas", (16,), remat="save_attention"),
 ]
 TINY_JOBS = [
     Job("qwen2.5-0.5b", 256, "pallas", (4, 2)),
@@ -675,7 +688,7 @@ def main() -> None:
     parser.add_argument(
         "--set",
         default="kernels",
-        choices=("kernels", "remat", "remat2", "tune", "offload", "defaults"),
+        choices=("kernels", "remat", "remat2", "tune", "offload", "offload_attention", "defaults"),
         help="which job list to run",
     )
     parser.add_argument("--out", default=os.environ.get("OUT") or "tpu_bench_out")
@@ -697,7 +710,7 @@ def main() -> None:
     kernels = select_kernels("pallas")
     if args.set in ("remat", "remat2"):  # the kernels run's best (benchmarks/README.md, 12-05)
         kernels = dataclasses.replace(kernels, block_q=512, block_kv=512, fused_backward=True)
-    elif args.set in ("offload", "defaults"):  # the model's default tiles (`--set tune`)
+    elif args.set in ("offload", "offload_attention", "defaults"):  # the default tiles
         pass
     else:
         try:
@@ -712,6 +725,7 @@ def main() -> None:
         "remat2": REMAT2_JOBS,
         "tune": TUNE_JOBS,
         "offload": OFFLOAD_JOBS,
+        "offload_attention": OFFLOAD_ATTENTION_JOBS,
         "defaults": [],
     }
     jobs = sets[args.set]

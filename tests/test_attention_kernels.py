@@ -280,7 +280,7 @@ def test_save_attention_remat_runs_no_second_attention_forward():
         return jax.make_jaxpr(jax.grad(loss))(params).jaxpr, jax.jit(jax.grad(loss))(params)
 
     kernels_in = {}
-    for policy in ("none", "full", "save_attention"):
+    for policy in ("none", "full", "save_attention", "offload_attention"):
         jaxpr, grads = gradient(policy)
         kernels_in[policy] = _count_primitives(jaxpr, "pallas_call")
         if policy == "none":
@@ -290,6 +290,7 @@ def test_save_attention_remat_runs_no_second_attention_forward():
                 np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=1e-5, rtol=1e-4)
     # Per scanned layer: forward + backward kernel(s); "full" adds a second forward.
     assert kernels_in["save_attention"] == kernels_in["none"]
+    assert kernels_in["offload_attention"] == kernels_in["none"]
     assert kernels_in["full"] == kernels_in["none"] + 1
 
 

@@ -176,12 +176,15 @@ def test_alternatives_each_lower_one_thing():
     config.train.gradient_accumulation_steps = 3
     assert alternatives(config, 8) == [
         ("model.remat_policy=full",),
+        ("model.remat_policy=offload_attention",),  # splash attention: kernels auto on a TPU
         ("mesh.dp=1", "mesh.fsdp=-1", "mesh.tp=1"),
         ("optim.offload_state=true",),
         ("model.param_dtype=bfloat16",),
         ("model.lora_rank=16", "model.param_dtype=bfloat16"),
         ("train.per_device_train_batch_size=3", "train.gradient_accumulation_steps=6"),
     ]
+    config.model.kernels = "xla"  # no splash kernel, no residuals to offload
+    assert ("model.remat_policy=offload_attention",) not in alternatives(config, 8)
     config.model.dtype = "bfloat16"  # mixed precision: the master weights can leave the chip
     assert ("optim.offload_state=true", "optim.offload_params=true") in alternatives(config, 8)
     config.model.remat_policy = "full"
@@ -215,3 +218,30 @@ def test_offloaded_state_and_parameters_leave_the_chip_for_host_memory(shape_dir
     # ... and with offload_params the parameters too: no argument stays on the chip.
     assert abs(both["host"] - (moments + params)) < 0.02 * (moments + params)
     assert both["arguments"] < 64 * 1024
+
+
+def test_offloaded_attention_residuals_leave_the_chip_for_host_memory(shape_dir):
+    """remat offload_attention: the splash kernel's residuals go to host memory, so the chip
+    holds what it holds with `full` and the host what `save_attention` keeps on the chip."""
+    rows, length, layers, heads, kv_heads, head_dim = 16, 1024, 4, 4, 2, 64
+    common = [
+        "--topology=v5e:1x1",
+        f"--model.path={shape_dir}",
+        "--data.layout=padded",
+        f"--data.max_sequence_length={length}",
+        f"--train.per_device_train_batch_size={rows // 2}",
+        "--model.dtype=bfloat16",
+    ]
+    memory = {
+        policy: summary(run_plan(*common, f"--model.remat_policy={policy}"))["hbm_bytes"]
+        for policy in ("full", "save_attention", "offload_attention")
+    }
+    full, saved, offloaded = memory["full"], memory["save_attention"], memory["offload_attention"]
+    assert full["host"] == saved["host"] == 0
+    assert offloaded["temporaries"] <= 1.02 * full["temporaries"]
+    assert saved["temporaries"] > full["temporaries"] + 0.5 * offloaded["host"]
+    # Per layer: q and the output [rows, heads, length, head_dim], k and v [rows, kv_heads, ...]
+    # in bf16, the log-sum-exp in float32; up to twice that on the host, where the 64-wide
+    # minor dimension is laid out in the TPU's 128-wide tiles.
+    residuals = layers * rows * length * (2 * (heads + kv_heads) * head_dim * 2 + heads * 4)
+    assert residuals <= offloaded["host"] <= 2.1 * residuals, (offloaded["host"], residuals)

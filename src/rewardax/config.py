@@ -35,7 +35,7 @@ from rewardax.sections import Section, type_name, unknown_field
 
 Dtype = Literal["float32", "bfloat16"]
 ComputeDtype = Literal["auto", "float32", "bfloat16"]
-RematPolicy = Literal["auto", "none", "full", "save_dots", "save_attention"]
+RematPolicy = Literal["auto", "none", "full", "save_dots", "save_attention", "offload_attention"]
 KernelSetting = Literal["auto", "cpu", "xla", "pallas"]
 OptimizerName = Literal["adamw", "adafactor", "lion", "sgd"]
 ScheduleName = Literal["constant", "linear", "cosine"]
@@ -75,7 +75,8 @@ class ModelSection(Section):
     """gradient checkpointing per transformer block: `none` keeps all activations, `full`
     recomputes the block in the backward pass, `save_dots` keeps only matmul outputs,
     `save_attention` keeps the splash attention kernel's output and residuals (TPU; the backward
-    runs no second attention forward) and recomputes the rest. `auto`: `none` on a CPU; on a TPU
+    runs no second attention forward) and recomputes the rest, `offload_attention` keeps the same
+    in host memory (about `full`'s device memory, plus transfers; not tried by `auto`). `auto`: `none` on a CPU; on a TPU
     or GPU the first of none, save_attention (with splash attention), full whose compiled train
     step fits the device's memory, each tried on the whole batch and then on the pairs per device
     split into up to 8 microbatches (padded layout; the pairs per update stay the same)

@@ -489,7 +489,8 @@ def _same_auto(other: RewardConfig, resolved: RewardConfig) -> RewardConfig:
 
 def alternatives(config: RewardConfig, devices: int) -> list[tuple[str, ...]]:
     """Settings that lower a job's memory per chip, one change each, the cheapest in speed first:
-    remat of every block, the data-parallel devices turned into fsdp (parameters and optimizer
+    remat of every block, the splash attention kernel's residuals kept in host memory instead
+    (its speed against `full` not measured yet), the data-parallel devices turned into fsdp (parameters and optimizer
     state split across them), the optimizer state in host memory, the float32 parameters there
     too (a bfloat16 copy on the chip), bfloat16 parameters and moments, LoRA of rank 16 on a
     bfloat16 base, half the pairs per device with twice the accumulation (the same pairs per
@@ -497,6 +498,13 @@ def alternatives(config: RewardConfig, devices: int) -> list[tuple[str, ...]]:
     out: list[tuple[str, ...]] = []
     if config.model.remat_policy != "full":
         out.append(("model.remat_policy=full",))
+    # The shared-prompt branch mask runs XLA's attention (`Kernels.for_layout`): no residuals.
+    splash = (
+        select_kernels(config.model.kernels, "tpu").attention == "splash"
+        and config.data.layout != "shared_prompt"
+    )
+    if splash and config.model.remat_policy in ("none", "save_dots", "save_attention"):
+        out.append(("model.remat_policy=offload_attention",))
     dp, _, tp = config.mesh.resolve(devices)
     if dp > 1:
         out.append(("mesh.dp=1", "mesh.fsdp=-1", f"mesh.tp={tp}"))
@@ -558,7 +566,8 @@ def plan(
     tried_any = suggest and rebuild is not None and compiled.memory.hbm > limit * GIB
     if tried_any:
         changes = alternatives(config, len(devices))
-        # Then the full fine-tuning savers together (offload and LoRA exclude each other).
+        # Then the full fine-tuning savers together (offload and LoRA exclude each other; the
+        # offloaded attention residuals are a remat policy, as `full` is).
         on_chip = [c for c in changes if not any("offload" in x or "lora" in x for x in c)]
         together = tuple(x for change in on_chip for x in change)
         for change in dict.fromkeys([*changes, together] if len(on_chip) > 1 else changes):

@@ -78,7 +78,8 @@ class RewardModel(nnx.Module):
         and its row sums in float32 and runs only the matmuls in bf16.
       remat_policy: gradient checkpointing per decoder layer: "none", "full" (recompute all),
         "save_dots" (keep matmul outputs without batch dims, recompute the rest),
-        "save_attention" (keep the splash attention kernel's output and residuals).
+        "save_attention" (keep the splash attention kernel's output and residuals),
+        "offload_attention" (keep them in host memory).
       dropout_rate: residual dropout after attention and MLP; active only with
         ``deterministic=False``.
       rngs: parameter (and dropout) randomness.
