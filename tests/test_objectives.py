@@ -400,13 +400,17 @@ def test_cli_score_and_eval_name_each_objective(tokenizer, tmp_path, capsys):
     assert got["mse"] == pytest.approx(np.mean((want[scored_rows, 1] - target) ** 2), rel=1e-4)
     assert math.isfinite(metrics["objectives"]["helpfulness"]["spearman"])
 
-    # rewardax serve names the objectives in GET /info and serves the first as the reward.
+    # rewardax serve names the objectives in GET /info, serves the first as the reward and
+    # every one beside it (its routes: tests/test_serve.py).
     from rewardax.serve.model import ServingModel
 
     serving = ServingModel(model_dir, overrides=["data.max_sequence_length=64"])
     assert serving.info()["objectives"] == NAMES
     ids = [np.asarray([*tokenizer(t).input_ids, tokenizer.eos_token_id]) for t in texts[:2]]
     np.testing.assert_allclose(serving.rewards(ids), want[:2, 0], atol=1e-5)
+    rewards, objectives = serving.score(ids)
+    np.testing.assert_allclose(objectives, want[:2], atol=1e-5)
+    np.testing.assert_array_equal(rewards, objectives[:, 0])
 
 
 def test_model_config_label_names_round_trip_and_refusals():

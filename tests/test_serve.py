@@ -1,14 +1,19 @@
 """`rewardax serve` as a real process on loopback, queried over real HTTP: each protocol's shape,
 rewards equal to `rewardax score`'s whatever the batching, the bearer key, bad and oversize
-requests, 200 concurrent requests, backpressure, SIGTERM under load; and `reward_function`."""
+requests, 200 concurrent requests, backpressure, SIGTERM under load; and `reward_function`. The
+app on uvicorn in this process: a multi-objective model's every objective by name on each route
+(equal to the model's own outputs), and a single-output model's answers byte for byte as before."""
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import json
 import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -51,6 +56,18 @@ def request(port, path, body=None, *, key=None, raw=None, timeout=60):
             return resp.status, resp.headers, json.loads(resp.read())
     except urllib.error.HTTPError as error:
         return error.code, error.headers, json.loads(error.read())
+
+
+def post_bytes(port, path, body, timeout=60) -> bytes:
+    """The raw body of a 200 answer to POSTing `body` (JSON) to 127.0.0.1:`port`."""
+    req = urllib.request.Request(
+        f"http://127.0.0.1:{port}{path}",
+        data=json.dumps(body).encode(),
+        headers={"Content-Type": "application/json"},
+    )
+    with urllib.request.urlopen(req, timeout=timeout) as resp:
+        assert resp.status == 200
+        return resp.read()
 
 
 def start_server(model_dir, *args):
@@ -320,9 +337,9 @@ def test_rows_are_cut_into_the_passes_of_least_time_on_the_smallest_programs(wor
         def __init__(self, bucket, batch_size):
             self.bucket, self.batch_size = bucket, batch_size
 
-        def __call__(self, seqs):
+        def outputs(self, seqs):
             calls.append((self.bucket, self.batch_size, [len(q) for q in seqs]))
-            return np.asarray([float(len(q)) for q in seqs])
+            return np.asarray([[float(len(q))] for q in seqs])
 
     model.scorers = {b: [Program(b, n) for n in (1, 4, 16)] for b in model.buckets}
     lengths = [3, 17, 9, 30, 5, 12, 7, 25, 2, 14, 8, 11, 6, 19, 4, 10, 13, 1, 16, 15]
@@ -395,10 +412,10 @@ def test_clients_answered_together_are_batched_together_again():
         def bucket_of(self, length):
             return 8
 
-        def rewards(self, sequences):
+        def score(self, sequences):
             self.passes.append(len(sequences))
             time.sleep(0.1)  # a forward pass
-            return np.zeros(len(sequences))
+            return np.zeros(len(sequences)), None
 
     async def run(clients: int, rounds: int) -> tuple[list[int], float]:  # passes, seconds
         model = FakeModel()
@@ -421,3 +438,202 @@ def test_clients_answered_together_are_batched_together_again():
     assert passes[1:] == [8] * 5, passes  # after the first pass, every pass holds all 8
     passes, _ = asyncio.run(run(clients=1, rounds=5))
     assert passes == [1] * 5
+
+
+# ------------------------------------------------------------- multi-objective models, in process
+
+OBJECTIVES = ("helpfulness", "correctness")
+STORED_NORMALIZATION = {"mean": 0.25, "std": 2.0}
+
+
+@contextlib.contextmanager
+def in_process(model, **limits):
+    """`build_app(model, **limits)` on uvicorn in a thread of this process (the model compiled
+    once, here); yields its port."""
+    import uvicorn
+
+    from rewardax.serve.app import build_app
+
+    port = free_port()
+    app = build_app(model, **limits)
+    config = uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", lifespan="on")
+    server = uvicorn.Server(config)
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 60
+    while not server.started:
+        assert thread.is_alive() and time.monotonic() < deadline, "in-process server not up"
+        time.sleep(0.05)
+    try:
+        yield port
+    finally:
+        server.should_exit = True
+        thread.join(timeout=60)
+
+
+@pytest.fixture(scope="module")
+def exports(tmp_path_factory):
+    """A two-objective export (names in config.json's id2label, normalisation stats stored) and a
+    single-output one, short texts (no truncation at MAX_LENGTH), and the two-objective model's
+    head outputs of each text and of a token-id row from its own forward pass, one unpadded row
+    at a time."""
+    from flax import nnx
+
+    tmp = tmp_path_factory.mktemp("serve-objectives")
+    tokenizer = smollm2_tokenizer()
+    single = tiny_llama(tokenizer)
+    single.save_pretrained(tmp / "single", tokenizer=tokenizer)
+    config = dataclasses.replace(single.config, num_labels=2, label_names=OBJECTIVES)
+    model = rx.RewardModel(config, rngs=nnx.Rngs(7))
+    model.save_pretrained(tmp / "named", tokenizer=tokenizer)
+    hf_config = json.loads((tmp / "named" / "config.json").read_text())
+    hf_config.setdefault("rewardax", {})["reward_normalization"] = STORED_NORMALIZATION
+    (tmp / "named" / "config.json").write_text(json.dumps(hf_config))
+
+    texts = [json.loads(line)["chosen"] for line in Path(HELDOUT).read_text().splitlines()[:40]]
+    # A text row is its tokens with EOS appended (`rewardax score`'s rule); these fit unclipped.
+    sequences = [[*tokenizer(t).input_ids, tokenizer.eos_token_id] for t in texts]
+    kept = [i for i, ids in enumerate(sequences) if len(ids) <= int(MAX_LENGTH)][:12]
+    texts = [texts[i] for i in kept]
+    ids_row = [1, 2, 3, 4, 5]
+    sequences = [sequences[i] for i in kept] + [ids_row]
+    outputs = np.stack([np.asarray(model(np.asarray([ids])).logits)[0] for ids in sequences])
+    assert outputs.shape == (len(texts) + 1, 2)
+    assert np.abs(outputs[:, 0] - outputs[:, 1]).min() > 1e-3  # the objectives tell apart
+    return {
+        "single": tmp / "single",
+        "named": tmp / "named",
+        "texts": texts,
+        "ids_row": ids_row,
+        "outputs": outputs,  # [texts + the ids row, objective]
+    }
+
+
+def serving(model_dir, **kwargs):
+    from rewardax.serve import ServingModel
+
+    overrides = [f"data.max_sequence_length={MAX_LENGTH}"]
+    return ServingModel(model_dir, overrides=overrides, **kwargs)
+
+
+def assert_by_objective(named, want):
+    """`named` ({objective: value} per row) holds every objective, in head order, equal to
+    `want` [rows, objective]."""
+    assert [list(row) for row in named] == [list(OBJECTIVES)] * len(want)
+    got = np.asarray([[row[n] for n in OBJECTIVES] for row in named])
+    np.testing.assert_allclose(got, want, rtol=0, atol=1e-5)
+
+
+@pytest.mark.slow
+def test_multi_objective_model_answers_each_objective_by_name_on_every_route(exports):
+    """Every scoring route adds each objective's output (equal to the model's own forward pass
+    per objective, row by row in request order) beside the reward, which is the first one; so do
+    concurrent requests gathered into one batch."""
+    texts, want = exports["texts"], exports["outputs"]
+    text_want = want[:-1]
+    model = serving(exports["named"])
+    assert model.objectives == OBJECTIVES
+    # Batches wait 200 ms for company: the concurrent requests below share passes.
+    with in_process(model, max_wait_s=0.2) as port:
+        status, _, body = request(port, "/get_reward", {"query": texts})
+        assert status == 200
+        assert set(body) == {"rewards", "scores", "extra_logs", "objective_rewards"}
+        assert_by_objective(body["objective_rewards"], text_want)
+        assert body["rewards"] == body["scores"]
+        assert body["rewards"] == [r["helpfulness"] for r in body["objective_rewards"]]
+
+        status, _, body = request(port, "/classify", {"input": texts})
+        assert status == 200
+        assert all(
+            set(d) == {"index", "label", "probs", "num_classes", "rewards"} for d in body["data"]
+        )
+        assert_by_objective([d["rewards"] for d in body["data"]], text_want)
+        assert [d["probs"] for d in body["data"]] == [
+            [d["rewards"]["helpfulness"]] for d in body["data"]
+        ]
+        status, _, body = request(port, "/classify", {"input": exports["ids_row"]})
+        assert status == 200
+        assert_by_objective([body["data"][0]["rewards"]], want[-1:])
+
+        status, _, body = request(port, "/v1/score/evaluation", {"messages": texts})
+        assert status == 200
+        assert set(body) == {"id", "object", "model", "scores", "objective_rewards"}
+        assert_by_objective(body["objective_rewards"], text_want)
+        assert body["scores"] == [r["helpfulness"] for r in body["objective_rewards"]]
+
+        # Rows of mixed lengths, reversed: the passes sort them, the answer keeps request order.
+        rows = [{"text": t} for t in texts] + [{"input_ids": exports["ids_row"]}]
+        status, _, body = request(port, "/score", {"rows": rows[::-1]})
+        assert status == 200 and set(body) == {"rewards", "objective_rewards"}
+        assert_by_objective(body["objective_rewards"], want[::-1])
+        assert body["rewards"] == [r["helpfulness"] for r in body["objective_rewards"]]
+
+        # Requests of 1-3 rows at once: each answer holds its own rows' outputs, in order.
+        rng = np.random.default_rng(0)
+        picks = [rng.choice(len(rows), size=rng.integers(1, 4), replace=False) for _ in range(12)]
+        batches = request(port, "/info")[2]["batches"]
+        with ThreadPoolExecutor(12) as pool:
+            answers = list(
+                pool.map(lambda p: request(port, "/score", {"rows": [rows[i] for i in p]}), picks)
+            )
+        for index, (status, _, body) in zip(picks, answers, strict=True):
+            assert status == 200
+            assert_by_objective(body["objective_rewards"], want[index])
+        status, _, info = request(port, "/info")
+        assert status == 200 and info["objectives"] == list(OBJECTIVES)
+        assert info["batches"] - batches < len(picks)  # some requests shared a pass
+
+
+@pytest.mark.slow
+def test_normalize_applies_to_the_reward_not_to_the_objectives(exports):
+    """With --normalize the reward is (first objective - mean) / std; the named outputs stay as
+    the head gives them, as in `rewardax score`."""
+    texts, want = exports["texts"], exports["outputs"][:-1]
+    mean, std = STORED_NORMALIZATION["mean"], STORED_NORMALIZATION["std"]
+    with in_process(serving(exports["named"], normalize=True)) as port:
+        status, _, body = request(port, "/score", {"rows": [{"text": t} for t in texts]})
+        assert status == 200
+        assert_by_objective(body["objective_rewards"], want)
+        close(body["rewards"], (want[:, 0] - mean) / std)
+        status, _, body = request(port, "/classify", {"input": texts[:3]})
+        assert_by_objective([d["rewards"] for d in body["data"]], want[:3])
+        close([d["probs"][0] for d in body["data"]], (want[:3, 0] - mean) / std)
+
+
+@pytest.mark.slow
+def test_single_output_model_answers_are_unchanged_byte_for_byte(exports):
+    """No `objective_rewards`, no per-item `rewards`, no `objectives` in /info: each body is the
+    bytes Starlette renders of the shape served before named objectives, with the rewards of the
+    same rows scored directly (one request alone is one batch: the same passes, the same floats)."""
+    from starlette.responses import JSONResponse
+
+    texts = exports["texts"]
+    model = serving(exports["single"])
+    assert model.objectives is None
+    rows = [{"text": t} for t in texts]
+    sequences = model.encode(rows)
+    rewards = model.rewards(sequences).tolist()
+    tokens = sum(len(s) for s in sequences)
+    with in_process(model) as port:
+
+        def rendered(content):
+            return JSONResponse(content).body
+
+        got = post_bytes(port, "/get_reward", {"query": texts})
+        assert got == rendered({"rewards": rewards, "scores": rewards, "extra_logs": {}})
+        got = post_bytes(port, "/score", {"rows": rows})
+        assert got == rendered({"rewards": rewards})
+        got = post_bytes(port, "/v1/score/evaluation", {"model": "rm", "messages": texts})
+        answer = json.loads(got)
+        want = {"id": answer["id"], "object": "score.evaluation", "model": "rm"}
+        assert got == rendered({**want, "scores": rewards})
+        got = post_bytes(port, "/classify", {"model": "rm", "input": texts})
+        answer = json.loads(got)
+        data = [
+            {"index": i, "label": "reward", "probs": [r], "num_classes": 1}
+            for i, r in enumerate(rewards)
+        ]
+        usage = {"prompt_tokens": tokens, "total_tokens": tokens, "completion_tokens": 0}
+        want = {"id": answer["id"], "object": "list", "created": answer["created"], "model": "rm"}
+        assert got == rendered({**want, "data": data, "usage": usage})
+        assert "objectives" not in request(port, "/info")[2]

@@ -17,8 +17,13 @@ Endpoints (JSON in, JSON out; every text is scored as the row shown, with `rewar
   POST /score                 {"rows": [row]} with `rewardax score` rows -> {"rewards": [f]}.
   GET  /health                {"status": "ok"} (no key needed).
   GET  /info                  model, export hash, chat template hash, normalisation, buckets;
-                              `objectives` (the head's output names) for a multi-objective
-                              model, whose first objective every route serves as the reward.
+                              `objectives` (the head's output names) for a multi-objective model.
+A multi-objective model (`model.objectives`) answers every scoring route with its first objective as
+the reward (normalised with --normalize), and with each objective's output by name beside it, as
+`rewardax score` writes `rewards` (never normalised): a `/classify` item adds `"rewards": {name:
+f}`; `/get_reward`, `/v1/score/evaluation` and `/score` add `"objective_rewards": [{name: f}]`, one
+per row in order (their `rewards`/`scores` already being lists of rewards). A single-output model's
+answers have neither.
 Errors are `{"error": {"message", "type", "code"}}` with status 400 (bad JSON or shape), 401 (no or
 wrong bearer key), 413 (body over the limit), 422 (a row the tokenizer rules refuse, a text over
 the length limit), 503 + Retry-After (queue full).
@@ -41,7 +46,7 @@ from starlette.responses import JSONResponse
 from starlette.routing import Route
 
 from rewardax.errors import DataError
-from rewardax.serve.batcher import Batcher, QueueFull
+from rewardax.serve.batcher import Batcher, QueueFull, Scored
 
 
 class RequestError(Exception):
@@ -141,6 +146,7 @@ def build_app(
     )
     key = api_key.encode("utf-8") if api_key is not None else None
     name = model.path
+    objectives = model.objectives
 
     def check_key(request: Request) -> None:
         if key is None:
@@ -151,8 +157,8 @@ def build_app(
         if scheme.lower() != "bearer" or not hmac.compare_digest(token.strip().encode(), key):
             raise RequestError(401, "missing or wrong bearer token", "authentication_error")
 
-    async def rewards_of(rows: list[Any]) -> tuple[list[float], int]:
-        """(rewards, tokens) of `rows`, after the request limits."""
+    async def rewards_of(rows: list[Any]) -> Scored:
+        """`rows` scored, after the request limits."""
         if not rows:
             raise RequestError(400, "no rows to score")
         if len(rows) > max_rows_per_request:
@@ -168,6 +174,21 @@ def build_app(
             return await batcher.score(rows)
         except DataError as error:
             raise RequestError(422, str(error)) from None
+
+    def by_objective(scored: Scored) -> list[dict[str, float]] | None:
+        """Each row's {objective: output} for a multi-objective model (`rewardax score`'s
+        `rewards`, never normalised); None for a single-output model."""
+        if objectives is None:
+            return None
+        return [
+            {n: float(v) for n, v in zip(objectives, row, strict=True)} for row in scored.objectives
+        ]
+
+    def with_objectives(answer: dict, scored: Scored) -> dict:
+        """`answer` (its rewards a list) plus `objective_rewards`, one {objective: output} per
+        row, for a multi-objective model; a single-output model's answer as it is."""
+        named = by_objective(scored)
+        return answer if named is None else {**answer, "objective_rewards": named}
 
     def endpoint(handler: Callable[[Any], Awaitable[dict]], *, body: bool = True):
         async def serve(request: Request):
@@ -192,8 +213,9 @@ def build_app(
 
     async def get_reward(payload: Any) -> dict:
         queries = _strings(_field(payload, "query"), "query")
-        rewards, _ = await rewards_of([{"text": q} for q in queries])
-        return {"rewards": rewards, "scores": rewards, "extra_logs": {}}
+        scored = await rewards_of([{"text": q} for q in queries])
+        answer = {"rewards": scored.rewards, "scores": scored.rewards, "extra_logs": {}}
+        return with_objectives(answer, scored)
 
     async def classify(payload: Any) -> dict:
         if isinstance(payload, dict) and "messages" in payload and "input" not in payload:
@@ -202,34 +224,41 @@ def build_app(
             rows = [{"messages": payload["messages"]}]
         else:
             rows = _classify_rows(_field(payload, "input"))
-        rewards, tokens = await rewards_of(rows)
+        scored = await rewards_of(rows)
+        data = [
+            {"index": i, "label": "reward", "probs": [r], "num_classes": 1}
+            for i, r in enumerate(scored.rewards)
+        ]
+        if (named := by_objective(scored)) is not None:
+            for item, rewards in zip(data, named, strict=True):
+                item["rewards"] = rewards
+        tokens = scored.tokens
         return {
             "id": f"classify-{uuid.uuid4().hex}",
             "object": "list",
             "created": int(time.time()),
             "model": payload.get("model") or name,
-            "data": [
-                {"index": i, "label": "reward", "probs": [r], "num_classes": 1}
-                for i, r in enumerate(rewards)
-            ],
+            "data": data,
             "usage": {"prompt_tokens": tokens, "total_tokens": tokens, "completion_tokens": 0},
         }
 
     async def llamafactory_score(payload: Any) -> dict:
         texts = _strings(_field(payload, "messages"), "messages")
-        rewards, _ = await rewards_of([{"text": t} for t in texts])
-        return {
+        scored = await rewards_of([{"text": t} for t in texts])
+        answer = {
             "id": f"scoreval-{uuid.uuid4().hex}",
             "object": "score.evaluation",
             "model": payload.get("model") or name,
-            "scores": rewards,
+            "scores": scored.rewards,
         }
+        return with_objectives(answer, scored)
 
     async def score(payload: Any) -> dict:
         rows = _field(payload, "rows")
         if not isinstance(rows, list):
             raise RequestError(400, "`rows` must be a list of rewardax score rows")
-        return {"rewards": (await rewards_of(rows))[0]}
+        scored = await rewards_of(rows)
+        return with_objectives({"rewards": scored.rewards}, scored)
 
     async def info(_: Any) -> dict:
         return {**model.info(), "queue_rows": batcher.admitted_rows, **batcher.stats}

@@ -5,7 +5,8 @@ threads), queued with a future, and a single gathering task takes what is queued
 `max_wait_s` for more while the batch holds fewer than `max_batch_tokens` padded tokens (longer
 when it holds under a quarter of the last pass's rows: the clients that pass answered are coming
 back), runs the model in another thread (the event loop keeps accepting requests meanwhile) and
-resolves each future with its own rows' rewards, in order. Admission is bounded in rows: past `max_queue_rows`
+resolves each future with its own rows' rewards (and, for a multi-objective model, every
+objective's output), in order. Admission is bounded in rows: past `max_queue_rows`
 waiting or running, a request is refused (`QueueFull`, answered 503 with Retry-After), so memory
 stays bounded whatever the load.
 """
@@ -16,7 +17,7 @@ import asyncio
 import contextlib
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -26,6 +27,14 @@ CATCH_UP_MAX_S = 0.25
 
 class QueueFull(Exception):
     """More rows are waiting than the queue admits."""
+
+
+class Scored(NamedTuple):
+    """A request's rows scored, in order."""
+
+    rewards: list[float]
+    objectives: np.ndarray | None  # float64 [rows, objectives]; None for a single-output model
+    tokens: int
 
 
 @dataclass
@@ -39,7 +48,7 @@ class Batcher:
     """Gathers rows of concurrent requests into batches for a `ServingModel`.
 
     Args:
-      model: a `ServingModel` (encode, rewards, bucket_of).
+      model: a `ServingModel` (encode, score, bucket_of).
       max_batch_tokens: stop gathering once a batch holds this many padded tokens.
       max_wait_s: the longest a gathered batch waits for more requests.
       max_queue_rows: rows admitted (queued or running) at once; more are refused.
@@ -74,9 +83,9 @@ class Batcher:
         self._encode_pool.shutdown(wait=True)
         self._model_pool.shutdown(wait=True)
 
-    async def score(self, rows: list[Any]) -> tuple[list[float], int]:
-        """(rewards of `rows` in order, their token count); QueueFull when the queue is full,
-        DataError for a bad row."""
+    async def score(self, rows: list[Any]) -> Scored:
+        """`rows` scored (rewards, objective outputs, token count); QueueFull when the queue is
+        full, DataError for a bad row."""
         if self.admitted_rows + len(rows) > self.max_queue_rows:
             raise QueueFull
         self.admitted_rows += len(rows)
@@ -86,12 +95,12 @@ class Batcher:
             cost = sum(self.model.bucket_of(len(s)) for s in sequences)
             item = _Item(sequences, cost, loop.create_future())
             self._queue.put_nowait(item)
-            rewards = await item.future
+            rewards, objectives = await item.future
         finally:
             self.admitted_rows -= len(rows)
         self.stats["requests"] += 1
         self.stats["rows"] += len(rows)
-        return rewards, sum(len(s) for s in item.sequences)
+        return Scored(rewards, objectives, sum(len(s) for s in item.sequences))
 
     async def _gather_forever(self) -> None:
         loop = asyncio.get_running_loop()
@@ -126,7 +135,9 @@ class Batcher:
         loop = asyncio.get_running_loop()
         start = loop.time()
         try:
-            rewards = await loop.run_in_executor(self._model_pool, self.model.rewards, sequences)
+            rewards, objectives = await loop.run_in_executor(
+                self._model_pool, self.model.score, sequences
+            )
         except Exception as error:  # handed to each waiting request, which answers 500
             for item in batch:
                 if not item.future.done():
@@ -138,5 +149,6 @@ class Batcher:
         for item in batch:
             end = start + len(item.sequences)
             if not item.future.done():  # a request cancelled meanwhile
-                item.future.set_result([float(r) for r in rewards[start:end]])
+                own = None if objectives is None else objectives[start:end]
+                item.future.set_result(([float(r) for r in rewards[start:end]], own))
             start = end

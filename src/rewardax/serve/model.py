@@ -5,7 +5,11 @@ when the directory is `<run>/export`, `--max-length` / `--truncation` overrides,
 `num_labels` from the config), encodes rows with `rewardax.scoring.ResponseEncoder`, and runs the
 model through one `rewardax.scoring.RewardScorer` per bucket length: each holds one compiled program
 of shape [rows_per_batch(bucket), bucket], so a batch of any composition is padded to a shape
-compiled at start (`warm()`), and the first request pays no compilation.
+compiled at start (`warm()`), and the first request pays no compilation. A multi-objective model
+(`model.objectives`, or an export whose config.json names its outputs in id2label) is scored once
+per pass for all its objectives: `score` returns the reward (the first objective, normalised when
+asked) and every objective's unnormalised output, as `rewardax score` writes `reward` and
+`rewards`.
 
 `reward_function` is the in-process form for TRL's GRPO: the offline `score_rows` path itself.
 """
@@ -110,6 +114,7 @@ class ServingModel:
       model.warm()
       ids = model.encode([{"prompt": "Review:\\n", "response": "Great film."}])
       model.rewards(ids)  # -> float64 [1], normalised
+      model.score(ids)  # -> (those rewards, float64 [1, K] of K named objectives or None)
     """
 
     def __init__(
@@ -150,6 +155,10 @@ class ServingModel:
                 for n in sizes
             ]
         self.buckets = tuple(self.scorers)
+        # A multi-objective head (model.objectives): its output names, in head order. The reward is
+        # the first; `score` returns all of them.
+        names = self.scorers[self.buckets[0]][0].label_names
+        self.objectives: tuple[str, ...] | None = tuple(names) if names else None
         # In units of one pass's fixed cost until `warm()` measures seconds.
         self.pass_cost = PassCost(1.0, 1.0 / DEFAULT_PASS_OVERHEAD_TOKENS)
         self.export_hash = export_hash(self.path)
@@ -188,7 +197,17 @@ class ServingModel:
         return [self.encoder.encode(row, f"{where} {i}") for i, row in enumerate(rows)]
 
     def rewards(self, sequences: Sequence[np.ndarray]) -> np.ndarray:
-        """Rewards float64 [N] of N sequences, normalised when asked.
+        """Rewards float64 [N] of N sequences, normalised when asked (`score`'s first half)."""
+        return self.score(sequences)[0]
+
+    def score(self, sequences: Sequence[np.ndarray]) -> tuple[np.ndarray, np.ndarray | None]:
+        """(rewards float64 [N], objectives float64 [N, len(self.objectives)] or None) of N
+        sequences.
+
+        The reward is the head's first output, normalised when asked; `objectives` holds every
+        objective's output, never normalised (as `rewardax score`'s `rewards`), and is None for a
+        model without named objectives. Both come from the one forward pass: the head's outputs
+        reach the host whole, so a single-output model does no extra work.
 
         The sequences are sorted by length (longest first) and cut into forward passes, each of
         consecutive sequences padded to the bucket of its longest on the smallest program that
@@ -197,15 +216,17 @@ class ServingModel:
         3-4 rows); one pass for everything padded short rows to the longest (demo export, 64
         clients: half of offline `score`'s rows/s).
         """
-        out = np.empty(len(sequences), dtype=np.float64)
+        width = len(self.objectives) if self.objectives else 1
+        outputs = np.empty((len(sequences), width), dtype=np.float64)
         order = sorted(range(len(sequences)), key=lambda i: -len(sequences[i]))
         lengths = [len(sequences[i]) for i in order]
         for start, end, scorer in self.passes(lengths):
             index = order[start:end]
-            out[index] = scorer([sequences[i] for i in index])
+            outputs[index] = scorer.outputs([sequences[i] for i in index])[:, :width]
+        rewards = outputs[:, 0].copy()
         if self.normalization is not None:
-            out = (out - self.normalization["mean"]) / self.normalization["std"]
-        return out
+            rewards = (rewards - self.normalization["mean"]) / self.normalization["std"]
+        return rewards, (outputs if self.objectives else None)
 
     def passes(self, lengths: Sequence[int]) -> list[tuple[int, int, Any]]:
         """(start, end, program) of each pass over ``lengths`` sorted longest first: the cuts of
@@ -247,12 +268,10 @@ class ServingModel:
             },
             "max_batch_tokens": self.max_batch_tokens,
         }
-        # A multi-objective head (model.objectives): its output names. Every route serves the
-        # first one as the reward; `rewardax score` writes each by name.
-        ladder = next(iter(self.scorers.values()), [])
-        names = ladder[0].label_names if ladder else None
-        if names:
-            info["objectives"] = list(names)
+        # A multi-objective head: its output names. Every route serves the first as the reward
+        # and each by name beside it (rewardax.serve.app).
+        if self.objectives:
+            info["objectives"] = list(self.objectives)
         return info
 
 
