@@ -21,7 +21,7 @@ from flax import nnx
 
 from rewardax.errors import ConfigError
 from rewardax.models import ModelConfig, RewardModel
-from rewardax.models.kernels import select_kernels, xla_attention
+from rewardax.models.kernels import select_kernels, traced_under, xla_attention
 from rewardax.models.pallas_attention import splash_attention
 from rewardax.models.transformer import attend, attention_mask
 
@@ -292,6 +292,27 @@ def test_save_attention_remat_runs_no_second_attention_forward():
     assert kernels_in["save_attention"] == kernels_in["none"]
     assert kernels_in["offload_attention"] == kernels_in["none"]
     assert kernels_in["full"] == kernels_in["none"] + 1
+
+
+@pytest.mark.parametrize("dense", [True, False])
+def test_kept_residuals_fill_128_wide_rows_when_dense(dense):
+    """`traced_under(..., dense=True)` marks each residual whose minor dimension is narrower than
+    128 in 128-wide rows (what a remat policy keeping the name stores); the gradient is the
+    same either way. A residual whose rows do not pair up is kept as it is."""
+    policy = jax.checkpoint_policies.save_only_these_names("kept")
+    fn = traced_under("highest", jnp.sin, "kept", dense=dense)  # keeps cos(x), x's shape
+    for shape, dense_shape in [((2, 256, 64), (2, 128, 128)), ((3, 64), (3, 64))]:
+        x = jnp.asarray(np.random.default_rng(0).normal(size=shape), jnp.float32)
+        loss = lambda x: jnp.sum(jax.checkpoint(fn, policy=policy)(x) ** 2)  # noqa: E731
+        named = [
+            e.outvars[0].aval.shape
+            for e in _equations(jax.make_jaxpr(jax.grad(loss))(x).jaxpr)
+            if e.primitive.name == "name"
+        ]
+        assert named and all(s == (dense_shape if dense else shape) for s in named), named
+        np.testing.assert_allclose(
+            np.asarray(jax.grad(loss)(x)), np.asarray(2 * jnp.sin(x) * jnp.cos(x)), rtol=1e-6
+        )
 
 
 def test_bfloat16_splash_keeps_its_precision_under_a_float32_setting():

@@ -241,7 +241,7 @@ def test_offloaded_attention_residuals_leave_the_chip_for_host_memory(shape_dir)
     assert offloaded["temporaries"] <= 1.02 * full["temporaries"]
     assert saved["temporaries"] > full["temporaries"] + 0.5 * offloaded["host"]
     # Per layer: q and the output [rows, heads, length, head_dim], k and v [rows, kv_heads, ...]
-    # in bf16, the log-sum-exp in float32; up to twice that on the host, where the 64-wide
-    # minor dimension is laid out in the TPU's 128-wide tiles.
+    # in bf16, the log-sum-exp in float32. Kept in 128-wide rows (`Kernels.dense_residuals`):
+    # the 64-wide heads laid out as they are would fill only half of the TPU's tiles (2x).
     residuals = layers * rows * length * (2 * (heads + kv_heads) * head_dim * 2 + heads * 4)
-    assert residuals <= offloaded["host"] <= 2.1 * residuals, (offloaded["host"], residuals)
+    assert residuals <= offloaded["host"] <= 1.1 * residuals, (offloaded["host"], residuals)

@@ -50,6 +50,8 @@ SPLASH_KV_COMPUTE = 512
 # The checkpoint name of the attention kernel's output and backward residuals
 # (remat policy "save_attention").
 ATTENTION_RESIDUALS = "attention_residuals"
+# A TPU vector register's lanes: the minor dimension of an array is laid out in tiles this wide.
+LANES = 128
 
 
 @dataclasses.dataclass(frozen=True)
@@ -65,6 +67,9 @@ class Kernels:
       bwd_block_q, bwd_block_kv: the backward kernels' tiles (None = the forward's).
       fused_backward: splash's fused dq/dk/dv backward kernel instead of two kernels.
       interpret: run the splash kernel in Pallas' interpret mode (any backend; tests).
+      dense_residuals: what remat keeps of the splash kernel (`ATTENTION_RESIDUALS`) is stored
+        as rows of 128 values when a head is narrower: a TPU lays a [.., T, 64] array out in
+        128-wide tiles, half of them empty (`traced_under`).
       float32_precision: the matmul precision that float32 products are traced under
         (``jax.default_matmul_precision``): "highest" off the CPU, None (as traced) on XLA:CPU.
     """
@@ -79,6 +84,7 @@ class Kernels:
     bwd_block_kv: int | None = None
     fused_backward: bool = True
     interpret: bool = False
+    dense_residuals: bool = True
     float32_precision: str | None = None
 
     def products(self, matmul_dtype: Any) -> contextlib.AbstractContextManager:
@@ -161,7 +167,7 @@ def remat_candidates(kernels: Kernels) -> tuple[str, ...]:
 
 
 def traced_under(
-    precision: str, fn: Callable[..., Any], name: str | None = None
+    precision: str, fn: Callable[..., Any], name: str | None = None, dense: bool = False
 ) -> Callable[..., Any]:
     """``fn`` with its forward and its backward traced under
     ``jax.default_matmul_precision(precision)``.
@@ -172,8 +178,14 @@ def traced_under(
 
     ``name``: when differentiated, fn's output and everything its backward keeps are marked
     with `jax.ad_checkpoint.checkpoint_name` (a remat policy that saves the name then runs no
-    second forward of fn: `transformer.remat_policy_fn("save_attention")`).
+    second forward of fn: `transformer.remat_policy_fn("save_attention")`). ``dense``: each of
+    them whose minor dimension is narrower than 128 (and divides it) is marked in the shape
+    [..., n / k, 128] (k of its rows in one) and read back in its own: what the policy keeps
+    then fills the TPU's 128-wide tiles. Qwen2.5-0.5B, 8 pairs of 2048 tokens, compiled for a
+    v5e: the "save_attention" step needs 17.73 GiB instead of 23.5, "offload_attention" moves
+    3.04 GiB to the host instead of 6.04 (`rewardax plan`).
     """
+    mark = _named_lane_dense if dense else checkpoint_name
 
     @jax.custom_vjp
     def wrapped(*args):
@@ -184,7 +196,7 @@ def traced_under(
         with jax.default_matmul_precision(precision):
             out, vjp_fn = jax.vjp(fn, *args)
         if name is not None:
-            out, vjp_fn = jax.tree.map(lambda a: checkpoint_name(a, name), (out, vjp_fn))
+            out, vjp_fn = jax.tree.map(lambda a: mark(a, name), (out, vjp_fn))
         return out, vjp_fn
 
     def backward(vjp_fn, cotangent):
@@ -193,6 +205,19 @@ def traced_under(
 
     wrapped.defvjp(forward, backward)
     return wrapped
+
+
+def _named_lane_dense(a: jax.Array, name: str) -> jax.Array:
+    """``a`` marked ``name`` (`checkpoint_name`) in the shape [..., n / k, 128] when its shape
+    [..., n, d] has d < 128 and k = 128 / d whole rows per 128 (a [.., T, 64] head: two), then
+    reshaped back: what a remat policy keeps is the dense form."""
+    if a.ndim < 2 or not 0 < a.shape[-1] < LANES or LANES % a.shape[-1]:
+        return checkpoint_name(a, name)
+    rows_per_lane_row = LANES // a.shape[-1]
+    if a.shape[-2] % rows_per_lane_row:
+        return checkpoint_name(a, name)
+    dense = a.reshape(*a.shape[:-2], a.shape[-2] // rows_per_lane_row, LANES)
+    return checkpoint_name(dense, name).reshape(a.shape)
 
 
 def xla_attention(

@@ -111,6 +111,7 @@ def splash_attention(
     block_kv_compute: int | None = None,
     bwd_block_q: int | None = None,
     bwd_block_kv: int | None = None,
+    dense_residuals: bool = True,
 ) -> jax.Array:
     """Causal softmax attention within segments.
 
@@ -125,6 +126,7 @@ def splash_attention(
       fused_backward: one backward kernel for dq, dk and dv instead of two.
       block_kv_compute, bwd_block_q, bwd_block_kv: see `splash_block_sizes`.
       interpret: run in Pallas' interpret mode (CPU tests).
+      dense_residuals: what remat keeps of the kernel in 128-wide rows (`Kernels`).
 
     Returns:
       [N, T, H, D] in q's dtype. float32 inputs run float32 products (the kernel's forward and
@@ -170,7 +172,8 @@ def splash_attention(
 
     heads_major = lambda a: a.transpose(0, 2, 1, 3)  # noqa: E731  [N, T, *, D] -> [N, *, T, D]
     precision = "highest" if q.dtype == jnp.float32 else "default"
-    out = _per_shard(traced_under(precision, rows, ATTENTION_RESIDUALS), h, k.shape[2])(
+    kept = traced_under(precision, rows, ATTENTION_RESIDUALS, dense=dense_residuals)
+    out = _per_shard(kept, h, k.shape[2])(
         heads_major(q), heads_major(k), heads_major(v), segment_ids
     )
     out = heads_major(out)[:, :t]

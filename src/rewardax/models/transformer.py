@@ -485,6 +485,7 @@ class Attention(nnx.Module):
                 block_kv_compute=kernels.block_kv_compute,
                 bwd_block_q=kernels.bwd_block_q,
                 bwd_block_kv=kernels.bwd_block_kv,
+                dense_residuals=kernels.dense_residuals,
             )
             return self.o_proj(out.astype(x.dtype), written)
         if kernels.attention == "xla":
