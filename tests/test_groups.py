@@ -477,6 +477,32 @@ def test_eval_metrics_equal_those_of_independent_rewards(tokenizer, tmp_path):
     assert m["ranking"]["top1_accuracy"] == pytest.approx(np.mean(top1))
 
 
+def test_eval_of_a_ranking_trained_model_reports_its_ranking_loss(tokenizer, tmp_path):
+    """A model trained with a ranking loss is also judged by it on ranked eval rows: the
+    ranking metrics' `loss` is the mean per-row Plackett-Luce loss of independent rewards."""
+    from rewardax import ranking_losses
+
+    ranked = ranked_rows(rows(HELDOUT, 6))
+    model = tiny_llama(tokenizer, seed=3)
+    config = make_config(tmp_path, run_name="pl", loss="plackett_luce", bucket_lengths=[64])
+    trainer = rx.RewardTrainer(config, tokenizer, model=model, eval_dataset={"ranked": ranked})
+    got = trainer.evaluate()["ranked"]["ranking"]
+    texts = [row["prompt"] + x for row in ranked for x in row["responses"]]
+    every = iter(reference_rewards(model, tokenizer, texts))
+    want = [
+        float(
+            ranking_losses.plackett_luce_loss(
+                np.asarray([[next(every) for _ in row["responses"]]], np.float32),
+                np.asarray([row["ranks"]], np.float32),
+                np.ones((1, len(row["ranks"])), np.float32),
+            )[0]
+        )
+        for row in ranked
+    ]
+    assert got["num_rows"] == len(ranked)
+    assert got["loss"] == pytest.approx(np.mean(want), rel=1e-5)
+
+
 def test_cli_eval_and_score_take_score_rows(tokenizer, tmp_path, capsys):
     model_dir = tmp_path / "model"
     model = tiny_llama(tokenizer, seed=5)

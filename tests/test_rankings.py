@@ -163,3 +163,27 @@ def test_ranking_metrics_hand_values():
     assert got["kendall_tau"] == pytest.approx((1 - 1 + 2 / 6**0.5) / 3)
     assert got["top1_accuracy"] == pytest.approx((1 + 0 + 0.5) / 3)
     assert ranking_metrics(rows[:1], [None])["num_rows"] == 0
+    assert "loss" not in got  # no ranking loss asked for
+
+
+def test_ranking_metrics_report_the_trained_ranking_loss_per_row():
+    from rewardax.data.rankings import ranking_metrics
+
+    # Plackett-Luce of rewards [2, 1, 0] in rank order: log(1 + e^-1 + e^-2) + log(1 + e^-1)
+    # = 0.7209; of [0, 1] in rank order (the worse one first): log(1 + e^1) = 1.3133.
+    rows = [{"ranks": [0, 1, 2]}, {"ranks": [0, 1]}, {"ranks": [0, 1]}]
+    rewards = [np.array([2.0, 1.0, 0.0]), np.array([0.0, 1.0]), None]
+    got = ranking_metrics(rows, rewards, "plackett_luce")
+    want = (np.log(1 + np.exp(-1) + np.exp(-2)) + np.log(1 + np.exp(-1)) + np.log(1 + np.e)) / 2
+    assert got["num_rows"] == 2 and got["loss"] == pytest.approx(want, rel=1e-6)
+    # One pair: all-pairs Bradley-Terry is -log σ(0 - 1); Davidson's with ν = 1 (θ = 0) is
+    # -log(π_c / (π_c + π_r + ν √(π_c π_r))) with π = e^r.
+    pair = [{"ranks": [0, 1]}], [np.array([0.0, 1.0])]
+    bt = np.log(1 + np.e)
+    assert ranking_metrics(*pair, "all_pairs_bradley_terry")["loss"] == pytest.approx(bt)
+    assert ranking_metrics(*pair, "davidson", log_tie_strength=0.0)["loss"] == pytest.approx(
+        np.log(1 + np.e + np.sqrt(np.e)), rel=1e-6
+    )
+    assert ranking_metrics(rows, [None] * 3, "plackett_luce")["loss"] is None
+    with pytest.raises(DataError, match="not a ranking loss"):
+        ranking_metrics(rows, rewards, "mse")

@@ -563,7 +563,7 @@ def test_ranked_rows_metrics_are_shown_per_eval_set(tmp_path):
     chosen, rejected, _, _ = _eval_data(n=12)
     ranked = dict(preference_metrics(chosen, rejected))
     ranking = {"spearman": 0.625, "kendall_tau": 0.4375, "top1_accuracy": 0.75, "num_rows": 4}
-    ranked["ranking"] = ranking
+    ranked["ranking"] = {**ranking, "loss": 1.25}  # a run trained with a ranking loss
     out = write_report(
         tmp_path / "r",
         metrics={"ranked": ranked, "pairs": preference_metrics(chosen, rejected)},
@@ -581,5 +581,15 @@ def test_ranked_rows_metrics_are_shown_per_eval_set(tmp_path):
     assert rows["Spearman ρ(reward, −rank), mean per ranked row"] == ("0.6250", "—")
     assert rows["Kendall τ-b(reward, −rank), mean per ranked row"] == ("0.4375", "—")
     assert rows["Top-1 accuracy (best-ranked response has the top reward)"] == ("0.7500", "—")
+    assert rows["Ranking loss (train.loss of the run), mean per ranked row"] == ("1.2500", "—")
+    ranked["ranking"] = ranking  # trained on pairs: no ranking loss, no row for it
+    out = write_report(
+        tmp_path / "pairs_trained",
+        metrics={"ranked": ranked},
+        chosen={"ranked": chosen},
+        rejected={"ranked": rejected},
+    )
+    page = (out / "index.html").read_text(encoding="utf-8")
+    assert "Ranked rows" in page and "Ranking loss" not in page
     plain = _full_report(tmp_path / "plain").joinpath("index.html").read_text(encoding="utf-8")
     assert "Ranked rows" not in plain

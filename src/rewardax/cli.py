@@ -329,6 +329,7 @@ def cmd_eval(args: argparse.Namespace, extra: list[str]) -> dict[str, Any]:
         data_layout,
         has_random_access,
         pair_view_ranking_metrics,
+        ranking_loss_of,
         rankings_as_pairs,
         response_rewards,
     )
@@ -408,7 +409,11 @@ def cmd_eval(args: argparse.Namespace, extra: list[str]) -> dict[str, Any]:
         metrics = rewards.metrics(subsets=subsets)
         if isinstance(source, RankedPairs):
             metrics["ranking"] = pair_view_ranking_metrics(
-                source, rewards.row_index, rewards.chosen, rewards.rejected
+                source,
+                rewards.row_index,
+                rewards.chosen,
+                rewards.rejected,
+                **ranking_loss_of(config.train),
             )
             scores = {k: v for k, v in metrics["ranking"].items() if k != "num_rows"}
             rows_scored = metrics["ranking"]["num_rows"]

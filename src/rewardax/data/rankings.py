@@ -47,7 +47,7 @@ from rewardax.data.formats import InvalidRow, is_score_row
 from rewardax.data.sources import ListSource
 from rewardax.errors import DataError
 from rewardax.evaluation import spearman_correlation
-from rewardax.losses import RANKING_LOSSES, SCORE_LOSSES
+from rewardax.losses import RANKING_LOSSES, SCORE_LOSSES, group_metric_sums
 
 _RESPONSE_FIELDS = ("responses", "ranks", "chosen", "rejected", "response", "score", "scores")
 
@@ -416,15 +416,26 @@ def kendall_tau(x: np.ndarray, y: np.ndarray, block: int = 1024) -> float | None
     return None if denominator == 0 else concordance / denominator
 
 
-def ranking_metrics(rows: list[Any], rewards: list[np.ndarray | None]) -> dict[str, Any]:
+def ranking_metrics(
+    rows: list[Any],
+    rewards: list[np.ndarray | None],
+    loss: str | None = None,
+    log_tie_strength: float = 0.0,
+) -> dict[str, Any]:
     """How well rewards order each `responses` + `ranks` row: mean Spearman ρ and Kendall τ-b
     between reward and rank (higher reward for a lower rank counts as agreement), and top-1
     accuracy (the highest reward on a best-ranked response; a tie at the top counts 1/k), over
-    the rows scored."""
+    the rows scored. With ``loss`` (one of `RANKING_LOSSES`, the run's train.loss): also `loss`,
+    that loss per row as training computes it (`losses.group_metric_sums`; davidson with
+    ``log_tie_strength``), where the pair metrics' loss is Bradley-Terry's over the implied
+    pairs."""
     spearman, kendall, top1 = [], [], []
+    scored_rows, scored_rewards = [], []
     for row, reward in zip(rows, rewards, strict=True):
         if reward is None:
             continue
+        scored_rows.append(row)
+        scored_rewards.append(reward)
         better = -np.asarray(row["ranks"], np.float64)
         rho, tau = spearman_correlation(reward, better), kendall_tau(reward, better)
         if rho is not None:
@@ -434,27 +445,72 @@ def ranking_metrics(rows: list[Any], rewards: list[np.ndarray | None]) -> dict[s
         top = reward == reward.max()
         top1.append(float(np.sum(top & (better == better.max())) / np.sum(top)))
     mean = lambda v: float(np.mean(v)) if v else None  # noqa: E731
-    return {
+    metrics = {
         "spearman": mean(spearman),
         "kendall_tau": mean(kendall),
         "top1_accuracy": mean(top1),
         "num_rows": len(top1),
     }
+    if loss is not None:
+        if loss not in RANKING_LOSSES:
+            raise DataError(f"loss={loss!r} is not a ranking loss ({', '.join(RANKING_LOSSES)})")
+        metrics["loss"] = _ranking_loss(scored_rows, scored_rewards, loss, log_tie_strength)
+    return metrics
+
+
+def _ranking_loss(
+    rows: list[Any], rewards: list[np.ndarray], loss: str, log_tie_strength: float
+) -> float | None:
+    """Mean per-row ``loss`` of the rows' rewards against their ranks, the rows padded to the
+    longest (padding masked out, as in a group batch)."""
+    if not rows:
+        return None
+    width = max(len(r) for r in rewards)
+    padded = np.zeros((len(rows), width), np.float32)
+    ranks = np.zeros((len(rows), width), np.float32)
+    mask = np.zeros((len(rows), width), np.float32)
+    for i, (row, reward) in enumerate(zip(rows, rewards, strict=True)):
+        k = len(reward)
+        padded[i, :k], ranks[i, :k], mask[i, :k] = reward, row["ranks"], 1.0
+    sums = group_metric_sums(
+        padded,
+        ranks,
+        mask,
+        np.ones(len(rows), np.float32),
+        loss,
+        log_tie_strength=log_tie_strength,
+    )
+    return float(sums["loss"]) / len(rows)
+
+
+def ranking_loss_of(train: Any) -> dict[str, Any]:
+    """The `ranking_metrics` loss arguments of a run's ``train`` section: its train.loss (and
+    Davidson's tie strength) when that is a ranking loss, else none (pair-trained models are
+    judged by the pair metrics' Bradley-Terry loss)."""
+    if train.loss not in RANKING_LOSSES:
+        return {}
+    return {"loss": train.loss, "log_tie_strength": train.log_tie_strength}
 
 
 def pair_view_ranking_metrics(
-    pairs: RankedPairs, pair_index: np.ndarray, chosen: np.ndarray, rejected: np.ndarray
+    pairs: RankedPairs,
+    pair_index: np.ndarray,
+    chosen: np.ndarray,
+    rejected: np.ndarray,
+    loss: str | None = None,
+    log_tie_strength: float = 0.0,
 ) -> dict[str, Any]:
     """`ranking_metrics` of a ranked source scored as its pairs (`RankedPairs`, either layout;
     `chosen`/`rejected` lists rank chosen 0, rejected 1): each response's reward from its scored
-    pairs (`response_rewards`), set against the row's ranks."""
+    pairs (`response_rewards`), set against the row's ranks; ``loss``, ``log_tie_strength`` as
+    there."""
     per_row = response_rewards(pairs, pair_index, chosen, rejected)
     source = pairs.source
     rows = [
         {"ranks": row_group(_read(source, i), pairs.layout, source.where(i))[1]}
         for i in range(len(source))
     ]
-    return ranking_metrics(rows, per_row)
+    return ranking_metrics(rows, per_row, loss, log_tie_strength)
 
 
 def score_metrics(rewards: np.ndarray, scores: np.ndarray, *, mse: bool) -> dict[str, Any]:

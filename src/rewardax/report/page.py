@@ -123,8 +123,11 @@ def _summary_rows(sets: list[_EvalSet]) -> list[list[Any]]:
             ("spearman", "Spearman ρ(reward, −rank), mean per ranked row"),
             ("kendall_tau", "Kendall τ-b(reward, −rank), mean per ranked row"),
             ("top1_accuracy", "Top-1 accuracy (best-ranked response has the top reward)"),
+            ("loss", "Ranking loss (train.loss of the run), mean per ranked row"),
         ):
-            rows.append([label, *(ranking(s, key) for s in sets)])
+            values = [ranking(s, key) for s in sets]
+            if key != "loss" or any(v is not None for v in values):  # loss: ranking runs only
+                rows.append([label, *values])
     return rows
 
 
