@@ -16,6 +16,7 @@ import pytest
 
 from rewardax import distributed
 from rewardax.config import DistributedSection, RewardConfig
+from rewardax.data.groups import collate_groups
 from rewardax.errors import ConfigError
 from rewardax.sharding import batch_sharding, make_mesh
 
@@ -86,6 +87,46 @@ def test_single_process_collectives_are_identities():
     batches = [{"input_ids": np.zeros((1, 2, t), np.int32)} for t in (3, 5)]
     out = list(distributed.lockstep(batches, 1, pad_id=0))
     assert [b["input_ids"].shape[-1] for b in out] == [3, 5]  # one process: nothing to agree on
+
+
+def as_process_0_of_2(monkeypatch, others: list[dict | None]) -> None:
+    """Runs `distributed.lockstep` as process 0 of 2: process 1's batches are `others` (None: it
+    has run out), seen only through what the all-gathers return."""
+    statuses = iter([[b is not None, 0 if b is None else b["input_ids"].shape[-1]] for b in others])
+
+    def allgather(x):
+        x = np.asarray(x)
+        if x.dtype == np.int64 and x.shape == (2,):  # a step's status: [has a batch, length]
+            return np.stack([x, np.asarray(next(statuses), np.int64)])
+        raise AssertionError(f"unexpected all-gather of {x.shape} {x.dtype}")
+
+    monkeypatch.setattr(distributed, "allgather", allgather)
+
+
+def group_batch(lengths: list[list[int]], width: int = 3) -> dict[str, np.ndarray]:
+    """A ranked-rows batch of 2 rows (`rewardax.data.groups`): `lengths` per row's responses."""
+    records = [
+        {"responses": [np.arange(1, n + 1, dtype=np.int32) for n in row],
+         "targets": np.arange(len(row), dtype=np.float32)}
+        for row in lengths
+    ]  # fmt: skip
+    batch = collate_groups(records, 0, (8, 16), 2, width, "ranks")
+    batch["row_index"] = np.asarray([0, -1] if len(records) == 1 else [0, 1], np.int32)
+    return batch
+
+
+def test_lockstep_pads_a_process_that_ran_out_at_the_agreed_length(monkeypatch):
+    """Process 0's last batch was 16 tokens long, process 1's next one is 8: process 0's padding
+    batch is 8 long too (a global array needs one shape), with 3 responses per row as its own."""
+    mine = [group_batch([[12, 3, 3], [4, 4]])]
+    as_process_0_of_2(monkeypatch, [group_batch([[5, 5, 5]]), group_batch([[6, 6]]), None])
+    out = list(distributed.lockstep(mine, 2, pad_id=0))
+    assert [b["input_ids"].shape for b in out] == [(2, 3, 16), (2, 3, 8)]
+    padding = out[1]
+    assert padding.keys() == mine[0].keys()
+    assert padding["row_mask"].sum() == padding["response_mask"].sum() == 0
+    assert padding["row_index"].tolist() == [-1, -1]
+    assert (padding["attention_mask"].sum(-1) == 1).all()
 
 
 # ---- 2 processes x 2 devices vs 1 process x 4 devices ---------------------------------------------

@@ -265,16 +265,20 @@ def lockstep(
             return
         target = int(status[:, 1].max())
         if batch is None and template is not None and "row_mask" in template:
-            batch = padding_like(template)  # a group batch (K responses per row)
+            batch = padding_like(template, target)  # a group batch (K responses per row)
         elif batch is None:
             batch = padding_batch(batch_size, target, keys or list(_BATCH_DTYPES))
         yield pad_to_length(batch, target, pad_id)
 
 
-def padding_like(batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-    """A batch of padding rows only, shaped as `batch` (a group batch, `rewardax.data.groups`):
-    every mask 0 but one attended token per sequence, row_index -1."""
-    out = {k: np.zeros_like(v) for k, v in batch.items()}
+def padding_like(batch: dict[str, np.ndarray], length: int) -> dict[str, np.ndarray]:
+    """A batch of padding rows only, shaped as `batch` (a group batch, `rewardax.data.groups`)
+    but `length` tokens long (the step's length, which may be shorter than `batch`'s): every
+    mask 0 but one attended token per sequence, row_index -1."""
+    out = {}
+    for key, value in batch.items():
+        tokens = key in ("input_ids", "attention_mask")
+        out[key] = np.zeros((*value.shape[:-1], length) if tokens else value.shape, value.dtype)
     out["attention_mask"][..., 0] = 1
     if "row_index" in out:
         out["row_index"][:] = -1
