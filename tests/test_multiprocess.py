@@ -85,7 +85,7 @@ def test_single_process_collectives_are_identities():
     sharding = batch_sharding(make_mesh(n, 1, 1))
     assert distributed.local_row_indices(sharding, 4 * n).tolist() == list(range(4 * n))
     batches = [{"input_ids": np.zeros((1, 2, t), np.int32)} for t in (3, 5)]
-    out = list(distributed.lockstep(batches, 1, pad_id=0))
+    out = list(distributed.lockstep(batches, pad_id=0))
     assert [b["input_ids"].shape[-1] for b in out] == [3, 5]  # one process: nothing to agree on
 
 
@@ -93,6 +93,7 @@ def as_process_0_of_2(monkeypatch, others: list[dict | None]) -> None:
     """Runs `distributed.lockstep` as process 0 of 2: process 1's batches are `others` (None: it
     has run out), seen only through what the all-gathers return."""
     statuses = iter([[b is not None, 0 if b is None else b["input_ids"].shape[-1]] for b in others])
+    layout = next((b for b in others if b is not None), None)
 
     def allgather(x):
         x = np.asarray(x)
@@ -100,7 +101,11 @@ def as_process_0_of_2(monkeypatch, others: list[dict | None]) -> None:
             return np.stack([x, np.asarray(next(statuses), np.int64)])
         raise AssertionError(f"unexpected all-gather of {x.shape} {x.dtype}")
 
+    def gather_json(obj):  # the layouts of the processes' first batches, exchanged once
+        return [obj, distributed.batch_layout(layout)]
+
     monkeypatch.setattr(distributed, "allgather", allgather)
+    monkeypatch.setattr(distributed, "gather_json", gather_json)
 
 
 def group_batch(lengths: list[list[int]], width: int = 3) -> dict[str, np.ndarray]:
@@ -120,13 +125,25 @@ def test_lockstep_pads_a_process_that_ran_out_at_the_agreed_length(monkeypatch):
     batch is 8 long too (a global array needs one shape), with 3 responses per row as its own."""
     mine = [group_batch([[12, 3, 3], [4, 4]])]
     as_process_0_of_2(monkeypatch, [group_batch([[5, 5, 5]]), group_batch([[6, 6]]), None])
-    out = list(distributed.lockstep(mine, 2, pad_id=0))
+    out = list(distributed.lockstep(mine, pad_id=0))
     assert [b["input_ids"].shape for b in out] == [(2, 3, 16), (2, 3, 8)]
     padding = out[1]
     assert padding.keys() == mine[0].keys()
     assert padding["row_mask"].sum() == padding["response_mask"].sum() == 0
     assert padding["row_index"].tolist() == [-1, -1]
     assert (padding["attention_mask"].sum(-1) == 1).all()
+
+
+def test_lockstep_pads_a_process_without_rows_in_the_others_layout(monkeypatch):
+    """An eval set with fewer rows than processes: process 0 has no batch of its own and pads
+    in process 1's layout (group rows here, not pairs)."""
+    theirs = group_batch([[5]], width=1)
+    as_process_0_of_2(monkeypatch, [theirs, None])
+    (padding,) = list(distributed.lockstep([], pad_id=0))
+    assert padding.keys() == theirs.keys()
+    for key, value in theirs.items():
+        assert (padding[key].shape, padding[key].dtype) == (value.shape, value.dtype), key
+    assert padding["row_mask"].sum() == 0 and padding["row_index"].tolist() == [-1, -1]
 
 
 # ---- 2 processes x 2 devices vs 1 process x 4 devices ---------------------------------------------
