@@ -138,9 +138,7 @@ def compare_step(save_directory: str, args: argparse.Namespace):
     )
     fns = trainer.configure_functions()
     loader = trainer.train_loader
-    batches = list(
-        itertools.islice(distributed.lockstep(loader, loader.batch_size, loader.pad_id), n_batches)
-    )
+    batches = list(itertools.islice(distributed.lockstep(loader, loader.pad_id), n_batches))
     shapes = collections.Counter(b["input_ids"].shape for b in batches)
     print(f"{args.workload} batch shapes (rows x tokens): {dict(shapes)}")
     shape = shapes.most_common(1)[0][0]

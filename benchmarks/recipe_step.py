@@ -41,7 +41,7 @@ def recipe_step(save_directory: str, shape: tuple[int, int] = (4, 128)) -> tuple
     trainer = rx.RewardTrainer(config, tokenizer, model=model, train_dataset=str(train))
     fns = trainer.configure_functions()
     loader = trainer.train_loader
-    batches = distributed.lockstep(loader, loader.batch_size, loader.pad_id)
+    batches = distributed.lockstep(loader, loader.pad_id)
     for host_batch in itertools.islice(batches, trainer.total_steps):  # the recipe's one epoch
         if host_batch["input_ids"].shape == tuple(shape):
             return (

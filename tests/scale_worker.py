@@ -74,6 +74,37 @@ def pairs(n: int, seed: int = 0) -> list[dict]:
     return [{"chosen": sentence("good"), "rejected": sentence("bad")} for _ in range(n)]
 
 
+def rated_sentence(rng: np.random.Generator, quality: int) -> str:
+    """`quality` (0..3) positive words among 3 rated ones, then 0..6 filler words: lengths vary, so
+    processes bucket their batches to different T."""
+    rated = ["great"] * quality + ["awful"] * (3 - quality)
+    return " ".join([*rated, *rng.choice(WORDS[5:], size=int(rng.integers(0, 7)))])
+
+
+def ranked_rows(n: int, seed: int = 0) -> list[dict]:
+    """Rows ranking 4 responses by quality (lower rank = better); every third row has 3, so its
+    batch pads a response (response_mask 0)."""
+    rng = np.random.default_rng(seed)
+    out = []
+    for i in range(n):
+        quality = rng.permutation(4)[: 3 if i % 3 == 2 else 4]
+        ranks = np.argsort(np.argsort(-quality))
+        responses = [rated_sentence(rng, int(q)) for q in quality]
+        out.append({"prompt": "the movie", "responses": responses, "ranks": ranks.tolist()})
+    return out
+
+
+def score_rows(n: int, seed: int = 0) -> list[dict]:
+    """Rows of one response with a score (its quality plus noise)."""
+    rng = np.random.default_rng(seed)
+    out = []
+    for _ in range(n):
+        quality = int(rng.integers(0, 4))
+        score = round(quality + float(rng.normal(0.0, 0.1)), 3)
+        out.append({"prompt": "the film", "response": rated_sentence(rng, quality), "score": score})
+    return out
+
+
 def tiny_model(hidden: int = 32, mlp: int = 64, kernels: str = "auto") -> rx.RewardModel:
     config = rx.ModelConfig(
         architecture="llama",
@@ -294,6 +325,15 @@ def case_reshard() -> dict:
     }
 
 
+def distributed_settings() -> dict:
+    """The `distributed` section from the command line (all None: one process)."""
+    return {
+        "coordinator_address": ARGS.coordinator,
+        "num_processes": ARGS.num_processes,
+        "process_id": ARGS.process_id,
+    }
+
+
 def case_train_distributed() -> dict:
     """The same job on 1 process x 4 devices or 2 processes x 2 devices (jax.distributed)."""
     config = make_config(
@@ -301,11 +341,7 @@ def case_train_distributed() -> dict:
         run_name="multi",
         per_device_train_batch_size=2,
         save_steps=5,
-        distributed={
-            "coordinator_address": ARGS.coordinator,
-            "num_processes": ARGS.num_processes,
-            "process_id": ARGS.process_id,
-        },
+        distributed=distributed_settings(),
     )
     info = distributed.initialize(config)  # before the model is built (that runs on devices)
     tok = tiny_tokenizer()
@@ -347,12 +383,53 @@ def case_train_distributed() -> dict:
     }
 
 
+def case_train_distributed_groups() -> dict:
+    """Group losses on 1 process x 4 devices or 2 processes x 2 devices: plackett_luce on ranked
+    rows (K = 4, every third row 3 responses) and mse on score rows, each run evaluated on
+    ranked and score rows."""
+    mesh = {"dp": 1, "fsdp": 2, "tp": 2}
+    settings = dict(per_device_train_batch_size=2, distributed=distributed_settings())
+    info = distributed.initialize(make_config(mesh, **settings))
+    tok = tiny_tokenizer()
+    eval_sets = {
+        "ranked": ranked_rows(7, seed=1),  # 36 pairs: uneven over processes and batches
+        "scores": score_rows(13, seed=1),  # 7 + 6 rows: one process adds a padding batch
+        "one_score": score_rows(1, seed=2),  # fewer rows than processes
+    }
+    out: dict = {"process_count": info.process_count, "device_count": info.device_count}
+    for loss, rows in (("plackett_luce", ranked_rows(40)), ("mse", score_rows(40))):
+        trainer = rx.RewardTrainer(
+            make_config(mesh, run_name=loss, loss=loss, **settings),
+            tok,
+            model=tiny_model(),
+            train_dataset=rows,
+            eval_dataset=eval_sets,
+        )
+        losses = recording(trainer)
+        result = trainer.train()
+        ranked, scores = trainer._last_rewards["ranked"], trainer._last_rewards["scores"]
+        out[loss] = {
+            "losses": losses,
+            "train_num_rows": result.metrics["train"]["num_rows"],
+            "params": {k: v.ravel().tolist() for k, v in leaves(trainer.state.params).items()},
+            "eval": result.metrics["eval"],
+            "ranked_row_index": ranked.row_index.tolist(),
+            "ranked_chosen": ranked.chosen.tolist(),
+            "ranked_rejected": ranked.rejected.tolist(),
+            "score_row_index": scores.row_index.tolist(),
+            "score_rewards": scores.rewards.tolist(),
+            "one_score_rewards": trainer._last_rewards["one_score"].rewards.tolist(),
+        }
+    return out
+
+
 CASES = {
     "mesh_parity": case_mesh_parity,
     "splash_mesh_parity": case_splash_mesh_parity,
     "memory": case_memory,
     "reshard": case_reshard,
     "train_distributed": case_train_distributed,
+    "train_distributed_groups": case_train_distributed_groups,
 }
 
 if __name__ == "__main__":

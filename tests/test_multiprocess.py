@@ -16,6 +16,7 @@ import pytest
 
 from rewardax import distributed
 from rewardax.config import DistributedSection, RewardConfig
+from rewardax.data.groups import collate_groups
 from rewardax.errors import ConfigError
 from rewardax.sharding import batch_sharding, make_mesh
 
@@ -84,8 +85,65 @@ def test_single_process_collectives_are_identities():
     sharding = batch_sharding(make_mesh(n, 1, 1))
     assert distributed.local_row_indices(sharding, 4 * n).tolist() == list(range(4 * n))
     batches = [{"input_ids": np.zeros((1, 2, t), np.int32)} for t in (3, 5)]
-    out = list(distributed.lockstep(batches, 1, pad_id=0))
+    out = list(distributed.lockstep(batches, pad_id=0))
     assert [b["input_ids"].shape[-1] for b in out] == [3, 5]  # one process: nothing to agree on
+
+
+def as_process_0_of_2(monkeypatch, others: list[dict | None]) -> None:
+    """Runs `distributed.lockstep` as process 0 of 2: process 1's batches are `others` (None: it
+    has run out), seen only through what the all-gathers return."""
+    statuses = iter([[b is not None, 0 if b is None else b["input_ids"].shape[-1]] for b in others])
+    layout = next((b for b in others if b is not None), None)
+
+    def allgather(x):
+        x = np.asarray(x)
+        if x.dtype == np.int64 and x.shape == (2,):  # a step's status: [has a batch, length]
+            return np.stack([x, np.asarray(next(statuses), np.int64)])
+        raise AssertionError(f"unexpected all-gather of {x.shape} {x.dtype}")
+
+    def gather_json(obj):  # the layouts of the processes' first batches, exchanged once
+        return [obj, distributed.batch_layout(layout)]
+
+    monkeypatch.setattr(distributed, "allgather", allgather)
+    monkeypatch.setattr(distributed, "gather_json", gather_json)
+
+
+def group_batch(lengths: list[list[int]], width: int = 3) -> dict[str, np.ndarray]:
+    """A ranked-rows batch of 2 rows (`rewardax.data.groups`): `lengths` per row's responses."""
+    records = [
+        {"responses": [np.arange(1, n + 1, dtype=np.int32) for n in row],
+         "targets": np.arange(len(row), dtype=np.float32)}
+        for row in lengths
+    ]  # fmt: skip
+    batch = collate_groups(records, 0, (8, 16), 2, width, "ranks")
+    batch["row_index"] = np.asarray([0, -1] if len(records) == 1 else [0, 1], np.int32)
+    return batch
+
+
+def test_lockstep_pads_a_process_that_ran_out_at_the_agreed_length(monkeypatch):
+    """Process 0's last batch was 16 tokens long, process 1's next one is 8: process 0's padding
+    batch is 8 long too (a global array needs one shape), with 3 responses per row as its own."""
+    mine = [group_batch([[12, 3, 3], [4, 4]])]
+    as_process_0_of_2(monkeypatch, [group_batch([[5, 5, 5]]), group_batch([[6, 6]]), None])
+    out = list(distributed.lockstep(mine, pad_id=0))
+    assert [b["input_ids"].shape for b in out] == [(2, 3, 16), (2, 3, 8)]
+    padding = out[1]
+    assert padding.keys() == mine[0].keys()
+    assert padding["row_mask"].sum() == padding["response_mask"].sum() == 0
+    assert padding["row_index"].tolist() == [-1, -1]
+    assert (padding["attention_mask"].sum(-1) == 1).all()
+
+
+def test_lockstep_pads_a_process_without_rows_in_the_others_layout(monkeypatch):
+    """An eval set with fewer rows than processes: process 0 has no batch of its own and pads
+    in process 1's layout (group rows here, not pairs)."""
+    theirs = group_batch([[5]], width=1)
+    as_process_0_of_2(monkeypatch, [theirs, None])
+    (padding,) = list(distributed.lockstep([], pad_id=0))
+    assert padding.keys() == theirs.keys()
+    for key, value in theirs.items():
+        assert (padding[key].shape, padding[key].dtype) == (value.shape, value.dtype), key
+    assert padding["row_mask"].sum() == 0 and padding["row_index"].tolist() == [-1, -1]
 
 
 # ---- 2 processes x 2 devices vs 1 process x 4 devices ---------------------------------------------
@@ -97,11 +155,13 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def launch(out: Path, workdir: Path, devices: int, extra: list[str]) -> subprocess.Popen:
+def launch(
+    out: Path, workdir: Path, devices: int, extra: list[str], case: str = "train_distributed"
+) -> subprocess.Popen:
     env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
     for name in ("JAX_COORDINATOR_ADDRESS", "JAX_NUM_PROCESSES", "JAX_PROCESS_ID"):
         env.pop(name, None)
-    cmd = [sys.executable, str(WORKER), "train_distributed", str(out), "--devices", str(devices)]
+    cmd = [sys.executable, str(WORKER), case, str(out), "--devices", str(devices)]
     cmd += ["--workdir", str(workdir), *extra]
     return subprocess.Popen(
         cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env
@@ -122,9 +182,9 @@ def finish(procs: list[subprocess.Popen]) -> None:
     assert not errors, "\n----\n".join(errors)
 
 
-@pytest.fixture(scope="module")
-def runs(tmp_path_factory):
-    root = tmp_path_factory.mktemp("multiprocess")
+def single_and_multi(root: Path, case: str) -> tuple[dict, dict]:
+    """`case` of scale_worker.py on 2 processes x 2 devices, then on 1 process x 4 devices: the
+    results of both (process 0's)."""
     address = f"127.0.0.1:{free_port()}"
     multi = [
         launch(
@@ -132,15 +192,26 @@ def runs(tmp_path_factory):
             root / "multi",
             2,
             ["--coordinator", address, "--num-processes", "2", "--process-id", str(i)],
+            case,
         )
         for i in range(2)
     ]
     finish(multi)
-    finish([launch(root / "single.json", root / "single", 4, [])])
+    finish([launch(root / "single.json", root / "single", 4, [], case)])
     return (
         json.loads((root / "single.json").read_text()),
         json.loads((root / "multi.json").read_text()),
     )
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    return single_and_multi(tmp_path_factory.mktemp("multiprocess"), "train_distributed")
+
+
+@pytest.fixture(scope="module")
+def group_runs(tmp_path_factory):
+    return single_and_multi(tmp_path_factory.mktemp("groups"), "train_distributed_groups")
 
 
 def test_two_processes_train_like_one_process_with_the_same_devices(runs):
@@ -168,3 +239,60 @@ def test_two_processes_evaluate_every_pair_once_checkpoint_and_resume(runs):
     assert len(multi["resumed_positions"]) == 2
     for restored, at_end in multi["resumed_positions"]:
         assert restored == at_end > 0
+
+
+# ---- group losses: the same comparison ---------------------------------------------------------
+
+
+def assert_same_params(multi: dict, single: dict) -> None:
+    assert multi.keys() == single.keys()
+    for key in single:
+        np.testing.assert_allclose(multi[key], single[key], atol=1e-4)
+
+
+@pytest.mark.parametrize("loss", ["plackett_luce", "mse"])
+def test_two_processes_train_a_group_loss_like_one_process(group_runs, loss):
+    """Each process loads its share of every batch of group rows (ranked rows of 4 or 3
+    responses, or score rows); the steps see the same global batches as one process does."""
+    single, multi = group_runs
+    assert (single["process_count"], multi["process_count"]) == (1, 2)
+    assert single["device_count"] == multi["device_count"] == 4
+    single, multi = single[loss], multi[loss]
+    assert len(multi["losses"]) == len(single["losses"]) == 5
+    # The pair test's 1e-5, relative as well: mse losses here are ~5 (pair losses ~0.7), and
+    # the float noise of the processes' other summation order grows with them.
+    np.testing.assert_allclose(multi["losses"], single["losses"], rtol=1e-5, atol=1e-5)
+    assert single["losses"][-1] < single["losses"][0]
+    assert multi["train_num_rows"] == single["train_num_rows"] == 4  # 2 per device x 2
+    assert_same_params(multi["params"], single["params"])
+
+
+@pytest.mark.parametrize("loss", ["plackett_luce", "mse"])
+def test_two_processes_evaluate_every_ranked_and_score_row_once(group_runs, loss):
+    """Ranked rows (scored as their pairs) and score rows (group batches of one response) split
+    unevenly over the processes: every row once, with the rewards and metrics of one process."""
+    single, multi = group_runs[0][loss], group_runs[1][loss]
+    close = dict(rtol=1e-5, atol=1e-5)  # rewards up to ~3 here (the pair test's ~0.5)
+    # Ranked rows: 5 rows of 4 responses (6 pairs each) and 2 of 3 (3 pairs each).
+    assert multi["ranked_row_index"] == single["ranked_row_index"] == list(range(36))
+    np.testing.assert_allclose(multi["ranked_chosen"], single["ranked_chosen"], **close)
+    np.testing.assert_allclose(multi["ranked_rejected"], single["ranked_rejected"], **close)
+    ranked, ranked_single = multi["eval"]["ranked"], single["eval"]["ranked"]
+    assert ranked["num_pairs"] == ranked_single["num_pairs"] == 36
+    assert ranked["accuracy"] == ranked_single["accuracy"]
+    assert ranked["ranking"]["num_rows"] == ranked_single["ranking"]["num_rows"] == 7
+    for name in ("spearman", "kendall_tau", "top1_accuracy"):
+        assert ranked["ranking"][name] == pytest.approx(ranked_single["ranking"][name], abs=1e-9)
+    # Score rows: 13 (7 + 6 over the processes, in batches of 2) and a set of 1 (one process
+    # has no row of it).
+    assert multi["score_row_index"] == single["score_row_index"] == list(range(13))
+    np.testing.assert_allclose(multi["score_rewards"], single["score_rewards"], **close)
+    scores, scores_single = multi["eval"]["scores"], single["eval"]["scores"]
+    assert scores["num_rows"] == scores_single["num_rows"] == 13
+    names = ["spearman", "kendall_tau", "reward_mean", "reward_std"]
+    names += ["mse"] if loss == "mse" else []
+    assert ("mse" in scores) == (loss == "mse")
+    for name in names:
+        assert scores[name] == pytest.approx(scores_single[name], abs=1e-5)
+    assert multi["eval"]["one_score"]["num_rows"] == single["eval"]["one_score"]["num_rows"] == 1
+    np.testing.assert_allclose(multi["one_score_rewards"], single["one_score_rewards"], **close)

@@ -387,7 +387,7 @@ def test_dropout_of_a_passed_model_is_applied_in_the_train_step(tokenizer, tmp_p
     )
     step = trainer.configure_functions().train_step
     loader = trainer.train_loader
-    host_batch = next(iter(distributed.lockstep(loader, loader.batch_size, loader.pad_id)))
+    host_batch = next(iter(distributed.lockstep(loader, loader.pad_id)))
     batch = global_batch(_model_inputs(host_batch), trainer.mesh)
 
     def loss_with_rng(seed):

@@ -238,43 +238,59 @@ def padding_batch(batch_size: int, length: int, keys: Iterable[str]) -> dict[str
 
 
 def lockstep(
-    batches: Iterable[dict[str, np.ndarray]], batch_size: int, pad_id: int
+    batches: Iterable[dict[str, np.ndarray]], pad_id: int
 ) -> Iterator[dict[str, np.ndarray]]:
     """This process's batches, made to fit one global batch per step on every process.
 
     Processes bucket their own rows, so their sequence lengths differ: each step they agree on the
     longest and pad to it. Their slices may also hold different numbers of batches (an eval set of
-    37 rows on 2 processes): a process that has run out yields padding batches (pair_mask 0) until
-    all have. One small all-gather per step; nothing is exchanged on a single process.
+    37 rows on 2 processes): a process that has run out yields padding batches (pair_mask or
+    row_mask 0) shaped as its batches, until all have. A process with no batch at all (fewer rows
+    than processes) pads in the layout of another's first batch (pairs, or groups of K
+    responses), exchanged once at the start. One small all-gather per step; nothing is exchanged
+    on a single process.
 
     Args:
-      batches: this process's batches of `batch_size` pairs (the loader's output).
-      batch_size: pairs per batch on this process (for the padding batches).
+      batches: this process's batches (the loader's output; the same batch size on every
+        process).
       pad_id: token id for padded positions.
     """
     iterator = iter(batches)
-    keys: list[str] | None = None
-    template: dict[str, np.ndarray] | None = None
+    batch = next(iterator, None)
+    layouts = [x for x in gather_json(batch_layout(batch)) if x is not None]
+    template = batch
+    if template is None and layouts:
+        template = {k: np.zeros(shape, dtype) for k, (shape, dtype) in layouts[0].items()}
     while True:
-        batch = next(iterator, None)
-        if batch is not None:
-            keys, template = list(batch), batch
         length = 0 if batch is None else batch["input_ids"].shape[-1]
         status = allgather(np.asarray([batch is not None, length], np.int64))
         if not status[:, 0].any():
             return
         target = int(status[:, 1].max())
-        if batch is None and template is not None and "row_mask" in template:
-            batch = padding_like(template)  # a group batch (K responses per row)
-        elif batch is None:
-            batch = padding_batch(batch_size, target, keys or list(_BATCH_DTYPES))
+        if batch is None:
+            batch = padding_like(template, target)
         yield pad_to_length(batch, target, pad_id)
+        batch = next(iterator, None)
+        if batch is not None:
+            template = batch
 
 
-def padding_like(batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-    """A batch of padding rows only, shaped as `batch` (a group batch, `rewardax.data.groups`):
-    every mask 0 but one attended token per sequence, row_index -1."""
-    out = {k: np.zeros_like(v) for k, v in batch.items()}
+def batch_layout(batch: dict[str, np.ndarray] | None) -> dict[str, list] | None:
+    """A batch's keys with their shapes and dtypes, as JSON (`{key: [shape, dtype]}`); None for
+    no batch."""
+    if batch is None:
+        return None
+    return {k: [list(v.shape), v.dtype.str] for k, v in batch.items()}
+
+
+def padding_like(batch: dict[str, np.ndarray], length: int) -> dict[str, np.ndarray]:
+    """A batch of padding rows only, shaped as `batch` (pairs or groups of K responses) but
+    `length` tokens long (the step's length, which may be shorter than `batch`'s): every mask 0
+    but one attended token per sequence, row_index -1."""
+    out = {}
+    for key, value in batch.items():
+        tokens = key in ("input_ids", "attention_mask")
+        out[key] = np.zeros((*value.shape[:-1], length) if tokens else value.shape, value.dtype)
     out["attention_mask"][..., 0] = 1
     if "row_index" in out:
         out["row_index"][:] = -1

@@ -54,7 +54,7 @@ def _batches_in_lockstep(scorer: Any, source: Any, stats: Any, **loader_kwargs: 
         **loader_kwargs,
     )
     pad_id = rdata.pad_token_id(scorer.tokenizer)
-    return mine, distributed.lockstep(batches, local_batch_size, pad_id)
+    return mine, distributed.lockstep(batches, pad_id)
 
 
 def _gathered_in_source_order(parts: dict[str, list[np.ndarray]], mask_key: str):

@@ -485,9 +485,7 @@ class RewardTrainer:
             loop_start = time.perf_counter()
             out = loop.run(
                 self.state.arrays(),
-                distributed.lockstep(
-                    self.train_loader, self.train_loader.batch_size, self.train_loader.pad_id
-                ),
+                distributed.lockstep(self.train_loader, self.train_loader.pad_id),
                 to_device=lambda host_batch: global_batch(_model_inputs(host_batch), self.mesh),
                 start_step=start_step,
                 total_steps=self.total_steps,
