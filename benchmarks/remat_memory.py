@@ -2,11 +2,13 @@
 
     PYTHONPATH=.venv/libtpu python benchmarks/remat_memory.py [--out FILE.md] [--quick]
 
+(run from the repository root: `--out benchmarks/results/...`).
+
 Compiles the train step of `configs/plan_tpu.yaml` (bf16 compute, float32 parameters and AdamW
 moments; bfloat16 both for Qwen2.5-1.5B) for one v5e chip at 2048 tokens, padded, with remat
 `full`, `save_attention` (the splash kernel's residuals kept on the chip) and `offload_attention`
-(kept in host memory), each with the residuals kept in 128-wide rows (`Kernels.dense_residuals`,
-the default) and as the kernel lays them out (64-wide heads: half of each TPU tile empty). Then
+(kept in host memory), each with the residuals as the kernel lays them out (the default; 64-wide
+heads: half of each TPU tile empty) and kept in 128-wide rows (`Kernels.dense_residuals`). Then
 `auto` for the shapes of `tpu_bench.py --set defaults`: which policy and microbatches it picks
 and the memory of each candidate it compiled. Nothing runs: memory only, no speed. Prints one
 Markdown row per configuration as it goes. `--quick`: SmolLM2-135M only.
@@ -57,24 +59,31 @@ def config(shape: str, length: int, pairs: int, settings: list[str]) -> RewardCo
     )
 
 
-def planned(job: RewardConfig, dense: bool = True) -> planning.Plan:
-    """`plan` of ``job`` for one v5e chip, the splash residuals kept dense or not."""
+def planned(job: RewardConfig, dense: bool = False) -> planning.Plan:
+    """`plan` of ``job`` for one v5e chip, the splash residuals kept dense or not (a `Kernels`
+    field, which no config setting reaches: plan's choice of kernels is wrapped here)."""
     choose = planning.select_kernels
-    if not dense:
-        planning.select_kernels = lambda *a: dataclasses.replace(choose(*a), dense_residuals=False)
+    planning.select_kernels = lambda *a: dataclasses.replace(choose(*a), dense_residuals=dense)
     try:
         return plan(job, TOPOLOGY, suggest=False)
     finally:
         planning.select_kernels = choose
 
 
+def _cell(error: Exception) -> str:
+    """An error as one Markdown table cell."""
+    return " ".join(str(error).split()).replace("|", "/")
+
+
 def policy_row(shape: str, length: int, pairs: int, settings: list[str], policy: str, dense: bool):
     what = f"| {shape} | {length} | {pairs} | {policy} | {'dense' if dense else 'as laid out'} |"
+    if policy == "full":
+        what = f"| {shape} | {length} | {pairs} | {policy} | none kept |"
     job = config(shape, length, pairs, [f"model.remat_policy={policy}", *settings])
     try:
         memory = planned(job, dense).job.memory
     except RewardaxError as exc:
-        return f"{what} error: {exc} | | |"
+        return f"{what} error: {_cell(exc)} | | |"
     refused = " (refused)" if memory.estimated else ""
     fits = "yes" if memory.hbm <= planning.TPU_HBM_GIB["TPU v5 lite"] * GIB else "no"
     return f"{what} {memory.hbm / GIB:.2f}{refused} | {memory.host / GIB:.2f} | {fits} |"
@@ -85,7 +94,7 @@ def auto_row(shape: str, length: int, pairs: int) -> str:
     try:
         result = planned(job)
     except RewardaxError as exc:
-        return f"| {shape} | {length} | {pairs} | error: {exc} | |"
+        return f"| {shape} | {length} | {pairs} | error: {_cell(exc)} | |"
     resolved = result.resolved
     split = resolved.get("train.gradient_accumulation_steps")
     chosen = resolved["model.remat_policy"] + (
@@ -108,7 +117,7 @@ def main() -> None:
     print("\n".join(lines), flush=True)
     for shape, length, pairs, settings in shapes:
         for policy in POLICIES:
-            for dense in (True, False) if policy != "full" else (True,):
+            for dense in (False, True) if policy != "full" else (False,):
                 lines.append(policy_row(shape, length, pairs, settings, policy, dense))
                 print(lines[-1], flush=True)
     lines += [

@@ -274,15 +274,24 @@ def test_save_attention_remat_runs_no_second_attention_forward():
     kernels = select_kernels("pallas", "cpu")
 
     def gradient(policy):
-        model = RewardModel(config, remat_policy=policy, kernels=kernels, rngs=nnx.Rngs(0))
+        dense = policy.endswith("dense")  # the residuals kept in 128-wide rows
+        policy = policy.removesuffix(" dense")
+        chosen = dataclasses.replace(kernels, dense_residuals=dense)
+        model = RewardModel(config, remat_policy=policy, kernels=chosen, rngs=nnx.Rngs(0))
         graphdef, params, rest = nnx.split(model, nnx.Param, ...)
         loss = lambda p: jnp.sum(nnx.merge(graphdef, p, rest)(ids).logits)  # noqa: E731
         return jax.make_jaxpr(jax.grad(loss))(params).jaxpr, jax.jit(jax.grad(loss))(params)
 
     kernels_in = {}
-    for policy in ("none", "full", "save_attention", "offload_attention"):
+    policies = ("none", "full", "save_attention", "offload_attention")
+    for policy in (*policies, "save_attention dense", "offload_attention dense"):
         jaxpr, grads = gradient(policy)
         kernels_in[policy] = _count_primitives(jaxpr, "pallas_call")
+        if policy != "none":  # the 64-wide residuals are marked in 128-wide rows when dense
+            widths = {
+                e.outvars[0].aval.shape[-1] for e in _equations(jaxpr) if e.primitive.name == "name"
+            }
+            assert widths and ((128 in widths) == policy.endswith("dense")), (policy, widths)
         if policy == "none":
             want = jax.tree.leaves(grads)
         else:
@@ -291,6 +300,8 @@ def test_save_attention_remat_runs_no_second_attention_forward():
     # Per scanned layer: forward + backward kernel(s); "full" adds a second forward.
     assert kernels_in["save_attention"] == kernels_in["none"]
     assert kernels_in["offload_attention"] == kernels_in["none"]
+    assert kernels_in["save_attention dense"] == kernels_in["offload_attention dense"]
+    assert kernels_in["save_attention dense"] == kernels_in["none"]
     assert kernels_in["full"] == kernels_in["none"] + 1
 
 

@@ -283,6 +283,13 @@ def test_two_processes_evaluate_every_ranked_and_score_row_once(group_runs, loss
     assert ranked["ranking"]["num_rows"] == ranked_single["ranking"]["num_rows"] == 7
     for name in ("spearman", "kendall_tau", "top1_accuracy"):
         assert ranked["ranking"][name] == pytest.approx(ranked_single["ranking"][name], abs=1e-9)
+    # The run's ranking loss per row, for the Plackett-Luce run only.
+    assert ("loss" in ranked["ranking"]) == ("loss" in ranked_single["ranking"])
+    assert ("loss" in ranked["ranking"]) == (loss == "plackett_luce")
+    if loss == "plackett_luce":
+        assert ranked["ranking"]["loss"] == pytest.approx(
+            ranked_single["ranking"]["loss"], rel=1e-5
+        )
     # Score rows: 13 (7 + 6 over the processes, in batches of 2) and a set of 1 (one process
     # has no row of it).
     assert multi["score_row_index"] == single["score_row_index"] == list(range(13))

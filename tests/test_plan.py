@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from rewardax.config import RewardConfig
+from rewardax.models.config import ModelConfig
 from rewardax.plan import GIB, alternatives
 
 # Left out of `make test`, run by `make test-slow`: compiles train steps for TPU slices with libtpu.
@@ -183,11 +184,20 @@ def test_alternatives_each_lower_one_thing():
         ("model.lora_rank=16", "model.param_dtype=bfloat16"),
         ("train.per_device_train_batch_size=3", "train.gradient_accumulation_steps=6"),
     ]
+    offload = ("model.remat_policy=offload_attention",)
+    mistral = ModelConfig(architecture="mistral", sliding_window=64)
+    assert offload not in alternatives(config, 8, mistral)  # XLA attention: nothing to offload
+    config.data.layout = "shared_prompt"
+    assert offload not in alternatives(config, 8)
+    config.data.layout = "padded"
+    config.model.remat_policy = "full"  # offloading keeps a little less than full's memory
+    assert alternatives(config, 8)[0] == offload
+    config.model.remat_policy = "none"
     config.model.kernels = "xla"  # no splash kernel, no residuals to offload
-    assert ("model.remat_policy=offload_attention",) not in alternatives(config, 8)
+    assert offload not in alternatives(config, 8)
     config.model.dtype = "bfloat16"  # mixed precision: the master weights can leave the chip
     assert ("optim.offload_state=true", "optim.offload_params=true") in alternatives(config, 8)
-    config.model.remat_policy = "full"
+    config.model.remat_policy = "offload_attention"
     config.model.param_dtype = "bfloat16"
     config.model.lora_rank = 8
     config.optim.offload_state = True
@@ -241,7 +251,7 @@ def test_offloaded_attention_residuals_leave_the_chip_for_host_memory(shape_dir)
     assert offloaded["temporaries"] <= 1.02 * full["temporaries"]
     assert saved["temporaries"] > full["temporaries"] + 0.5 * offloaded["host"]
     # Per layer: q and the output [rows, heads, length, head_dim], k and v [rows, kv_heads, ...]
-    # in bf16, the log-sum-exp in float32. Kept in 128-wide rows (`Kernels.dense_residuals`):
-    # the 64-wide heads laid out as they are would fill only half of the TPU's tiles (2x).
+    # in bf16, the log-sum-exp in float32; up to twice that, where the 64-wide heads are laid
+    # out in the TPU's 128-wide tiles (`Kernels.dense_residuals` off, the default).
     residuals = layers * rows * length * (2 * (heads + kv_heads) * head_dim * 2 + heads * 4)
-    assert residuals <= offloaded["host"] <= 1.1 * residuals, (offloaded["host"], residuals)
+    assert residuals <= offloaded["host"] <= 2.1 * residuals, (offloaded["host"], residuals)

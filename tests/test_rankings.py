@@ -185,5 +185,9 @@ def test_ranking_metrics_report_the_trained_ranking_loss_per_row():
         np.log(1 + np.e + np.sqrt(np.e)), rel=1e-6
     )
     assert ranking_metrics(rows, [None] * 3, "plackett_luce")["loss"] is None
+    # A NaN reward (a diverged model) makes every mean NaN instead of leaving its row out.
+    diverged = ranking_metrics(rows, [np.array([2.0, np.nan, 0.0]), *rewards[1:]], "plackett_luce")
+    assert diverged["num_rows"] == 2
+    assert all(np.isnan(diverged[k]) for k in ("spearman", "kendall_tau", "top1_accuracy", "loss"))
     with pytest.raises(DataError, match="not a ranking loss"):
         ranking_metrics(rows, rewards, "mse")

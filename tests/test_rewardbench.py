@@ -119,6 +119,9 @@ def test_rewardbench2_pairs_cover_every_response_and_rewards_come_back():
     assert per_row[1] is None  # r4 and r5 were in no scored pair
     np.testing.assert_array_equal(per_row[0], [0.0, 1.0, 2.0, 3.0])  # chosen first
     np.testing.assert_array_equal(per_row[4], [value["a"], value["d"], value["b"]])
+    # A NaN reward is kept as a reward (the row is scored), not taken for "not set yet".
+    poisoned = response_rewards(pairs, kept, np.where(kept == 0, np.nan, chosen), rejected)
+    assert poisoned[0] is not None and np.isnan(poisoned[0][0]) and poisoned[0][1] == 1.0
     scores = rb.rewardbench2_scores(_rb2_rows(), per_row)
     # Focus: row 0 (c0 = 0 below r0..r2) scores 0, row 1 unscored; Math: c2 = 8 < r6 = 9: 0.
     assert scores["subsets"]["Focus"] == 0.0 and scores["num_rows"]["Focus"] == 1

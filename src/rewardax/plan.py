@@ -487,23 +487,28 @@ def _same_auto(other: RewardConfig, resolved: RewardConfig) -> RewardConfig:
     return other
 
 
-def alternatives(config: RewardConfig, devices: int) -> list[tuple[str, ...]]:
+def alternatives(
+    config: RewardConfig, devices: int, arch: ModelConfig | None = None
+) -> list[tuple[str, ...]]:
     """Settings that lower a job's memory per chip, one change each, the cheapest in speed first:
     remat of every block, the splash attention kernel's residuals kept in host memory instead
-    (its speed against `full` not measured yet), the data-parallel devices turned into fsdp (parameters and optimizer
+    (a little less than `full`'s memory; its speed against `full` not measured yet; not where
+    ``arch``'s sliding window or the shared-prompt layout run XLA's attention), the data-parallel devices turned into fsdp (parameters and optimizer
     state split across them), the optimizer state in host memory, the float32 parameters there
     too (a bfloat16 copy on the chip), bfloat16 parameters and moments, LoRA of rank 16 on a
     bfloat16 base, half the pairs per device with twice the accumulation (the same pairs per
     update)."""
     out: list[tuple[str, ...]] = []
-    if config.model.remat_policy != "full":
+    if config.model.remat_policy not in ("full", "offload_attention"):
         out.append(("model.remat_policy=full",))
-    # The shared-prompt branch mask runs XLA's attention (`Kernels.for_layout`): no residuals.
+    # The shared-prompt branch mask and a sliding window run XLA's attention
+    # (`Kernels.for_layout`): nothing named to offload.
     splash = (
         select_kernels(config.model.kernels, "tpu").attention == "splash"
         and config.data.layout != "shared_prompt"
+        and (arch is None or arch.sliding_window is None)
     )
-    if splash and config.model.remat_policy in ("none", "save_dots", "save_attention"):
+    if splash and config.model.remat_policy != "offload_attention":
         out.append(("model.remat_policy=offload_attention",))
     dp, _, tp = config.mesh.resolve(devices)
     if dp > 1:
@@ -565,7 +570,7 @@ def plan(
     suggestions: list[Compiled] = []
     tried_any = suggest and rebuild is not None and compiled.memory.hbm > limit * GIB
     if tried_any:
-        changes = alternatives(config, len(devices))
+        changes = alternatives(config, len(devices), arch)
         # Then the full fine-tuning savers together (offload and LoRA exclude each other; the
         # offloaded attention residuals are a remat policy, as `full` is).
         on_chip = [c for c in changes if not any("offload" in x or "lora" in x for x in c)]

@@ -581,7 +581,7 @@ class RewardTrainer:
 
         Rows ranking K responses are scored as the pairs they imply (pair metrics) and also
         get `ranking` (`rankings.ranking_metrics`: Spearman ρ, Kendall τ, top-1 accuracy per
-        row); score rows get `rankings.score_metrics` (with MSE when train.loss predicts the
+        row, and the run's ranking loss per row when train.loss is one); score rows get `rankings.score_metrics` (with MSE when train.loss predicts the
         score: mse or gaussian_nll)."""
         sets = self._named_eval_sets(eval_dataset) if eval_dataset is not None else self.eval_sets
         if not sets:

@@ -39,7 +39,7 @@ from __future__ import annotations
 import difflib
 import math
 import numbers
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -48,6 +48,9 @@ from rewardax.data.sources import ListSource
 from rewardax.errors import DataError
 from rewardax.evaluation import spearman_correlation
 from rewardax.losses import RANKING_LOSSES, SCORE_LOSSES, group_metric_sums
+
+if TYPE_CHECKING:  # rewardax.config imports rewardax.data
+    from rewardax.config import TrainSection
 
 _RESPONSE_FIELDS = ("responses", "ranks", "chosen", "rejected", "response", "score", "scores")
 
@@ -373,25 +376,25 @@ def response_rewards(
 
     ``pair_index``, ``chosen``, ``rejected``: the scored pairs (indices into ``pairs``) and their
     rewards. A response in several pairs takes its first reward. A row with a response in no
-    scored pair (its pairs were dropped) is None.
+    scored pair (its pairs were dropped) is None; a NaN reward stays NaN (a diverged model's
+    metrics are NaN, not those of its finite rows).
     """
     source = pairs.source
-    tables: dict[int, np.ndarray] = {}
+    tables: dict[int, tuple[np.ndarray, np.ndarray]] = {}  # row -> (rewards, which are set)
     for p, c, r in zip(
         np.asarray(pair_index).tolist(), chosen.tolist(), rejected.tolist(), strict=True
     ):
         row, a, b = (int(x) for x in pairs.origin[p])
         if row not in tables:
             responses, _ = row_pairs(_read(source, row), pairs.layout, source.where(row))
-            tables[row] = np.full(len(responses), np.nan)
-        table = tables[row]
-        if np.isnan(table[a]):
-            table[a] = c
-        if np.isnan(table[b]):
-            table[b] = r
+            tables[row] = np.zeros(len(responses)), np.zeros(len(responses), bool)
+        table, seen = tables[row]
+        for response, reward in ((a, c), (b, r)):
+            if not seen[response]:
+                table[response], seen[response] = reward, True
     out: list[np.ndarray | None] = [None] * len(source)
-    for row, table in tables.items():
-        out[row] = None if np.isnan(table).any() else table
+    for row, (table, seen) in tables.items():
+        out[row] = table if seen.all() else None
     return out
 
 
@@ -436,6 +439,9 @@ def ranking_metrics(
             continue
         scored_rows.append(row)
         scored_rewards.append(reward)
+        if not np.isfinite(reward).all():  # a diverged model: its means are NaN, not hidden
+            spearman.append(math.nan), kendall.append(math.nan), top1.append(math.nan)
+            continue
         better = -np.asarray(row["ranks"], np.float64)
         rho, tau = spearman_correlation(reward, better), kendall_tau(reward, better)
         if rho is not None:
@@ -483,7 +489,7 @@ def _ranking_loss(
     return float(sums["loss"]) / len(rows)
 
 
-def ranking_loss_of(train: Any) -> dict[str, Any]:
+def ranking_loss_of(train: TrainSection) -> dict[str, Any]:
     """The `ranking_metrics` loss arguments of a run's ``train`` section: its train.loss (and
     Davidson's tie strength) when that is a ranking loss, else none (pair-trained models are
     judged by the pair metrics' Bradley-Terry loss)."""

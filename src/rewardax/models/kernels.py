@@ -69,7 +69,9 @@ class Kernels:
       interpret: run the splash kernel in Pallas' interpret mode (any backend; tests).
       dense_residuals: what remat keeps of the splash kernel (`ATTENTION_RESIDUALS`) is stored
         as rows of 128 values when a head is narrower: a TPU lays a [.., T, 64] array out in
-        128-wide tiles, half of them empty (`traced_under`).
+        128-wide tiles, half of them empty (`traced_under`). Less memory for "save_attention"
+        and "offload_attention" (benchmarks/results/remat_memory_v5e_2026-12-06.md), paid in
+        two relayout copies per residual per step; off until a chip has timed both.
       float32_precision: the matmul precision that float32 products are traced under
         (``jax.default_matmul_precision``): "highest" off the CPU, None (as traced) on XLA:CPU.
     """
@@ -84,7 +86,7 @@ class Kernels:
     bwd_block_kv: int | None = None
     fused_backward: bool = True
     interpret: bool = False
-    dense_residuals: bool = True
+    dense_residuals: bool = False
     float32_precision: str | None = None
 
     def products(self, matmul_dtype: Any) -> contextlib.AbstractContextManager:

@@ -111,7 +111,7 @@ def splash_attention(
     block_kv_compute: int | None = None,
     bwd_block_q: int | None = None,
     bwd_block_kv: int | None = None,
-    dense_residuals: bool = True,
+    dense_residuals: bool = False,
 ) -> jax.Array:
     """Causal softmax attention within segments.
 

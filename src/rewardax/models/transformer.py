@@ -706,7 +706,7 @@ class Decoder(nnx.Module):
         of at most `UNROLLED_MAX_LAYERS` layers have the scan unrolled (the same program, one
         copy of the layer per layer): XLA then schedules across layers and keeps no stacked
         residuals, 6-9% faster steps for issue #7's 4-layer model on 2 cores, for a compile time
-        that stays small at that depth.
+        that stays small at that depth (not with remat "offload_attention": see below).
         ``dropout_rng`` (a key, split per layer) is required when dropout is active.
         """
         if not deterministic and self.dropout_rate > 0 and dropout_rng is None:
