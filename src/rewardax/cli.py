@@ -329,7 +329,6 @@ def cmd_eval(args: argparse.Namespace, extra: list[str]) -> dict[str, Any]:
         data_layout,
         has_random_access,
         pair_view_ranking_metrics,
-        ranking_loss_of,
         rankings_as_pairs,
         response_rewards,
     )
@@ -408,13 +407,7 @@ def cmd_eval(args: argparse.Namespace, extra: list[str]) -> dict[str, Any]:
         subsets = _subsets(source, rewards.row_index)
         metrics = rewards.metrics(subsets=subsets)
         if isinstance(source, RankedPairs):
-            metrics["ranking"] = pair_view_ranking_metrics(
-                source,
-                rewards.row_index,
-                rewards.chosen,
-                rewards.rejected,
-                **ranking_loss_of(config.train),
-            )
+            metrics["ranking"] = pair_view_ranking_metrics(source, rewards, config.train)
             scores = {k: v for k, v in metrics["ranking"].items() if k != "num_rows"}
             rows_scored = metrics["ranking"]["num_rows"]
             _log(f"{name}: rankings of {rows_scored} rows: {_scores_text(scores)}")

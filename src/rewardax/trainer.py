@@ -33,7 +33,6 @@ from rewardax.data.rankings import (
     RankedPairs,
     data_layout,
     pair_view_ranking_metrics,
-    ranking_loss_of,
     rankings_as_pairs,
 )
 from rewardax.errors import CheckpointError, ConfigError
@@ -611,11 +610,7 @@ class RewardTrainer:
                 metrics = rewards.metrics()
                 if isinstance(source, RankedPairs):
                     metrics["ranking"] = pair_view_ranking_metrics(
-                        source,
-                        rewards.row_index,
-                        rewards.chosen,
-                        rewards.rejected,
-                        **ranking_loss_of(self.config.train),
+                        source, rewards, self.config.train
                     )
             self._last_rewards[name] = rewards
             results[name] = metrics

@@ -489,34 +489,24 @@ def _ranking_loss(
     return float(sums["loss"]) / len(rows)
 
 
-def ranking_loss_of(train: TrainSection) -> dict[str, Any]:
-    """The `ranking_metrics` loss arguments of a run's ``train`` section: its train.loss (and
-    Davidson's tie strength) when that is a ranking loss, else none (pair-trained models are
-    judged by the pair metrics' Bradley-Terry loss)."""
-    if train.loss not in RANKING_LOSSES:
-        return {}
-    return {"loss": train.loss, "log_tie_strength": train.log_tie_strength}
-
-
 def pair_view_ranking_metrics(
-    pairs: RankedPairs,
-    pair_index: np.ndarray,
-    chosen: np.ndarray,
-    rejected: np.ndarray,
-    loss: str | None = None,
-    log_tie_strength: float = 0.0,
+    pairs: RankedPairs, scored: Any, train: TrainSection
 ) -> dict[str, Any]:
     """`ranking_metrics` of a ranked source scored as its pairs (`RankedPairs`, either layout;
     `chosen`/`rejected` lists rank chosen 0, rejected 1): each response's reward from its scored
-    pairs (`response_rewards`), set against the row's ranks; ``loss``, ``log_tie_strength`` as
-    there."""
-    per_row = response_rewards(pairs, pair_index, chosen, rejected)
+    pairs (`response_rewards`; ``scored``: a `pair_scoring.PairRewards`), set against the row's
+    ranks. With the run's ``train.loss`` when that is a ranking loss (and Davidson's tie
+    strength): its `loss` too; a pair-trained model is judged by the pair metrics'
+    Bradley-Terry loss."""
+    per_row = response_rewards(pairs, scored.row_index, scored.chosen, scored.rejected)
     source = pairs.source
     rows = [
         {"ranks": row_group(_read(source, i), pairs.layout, source.where(i))[1]}
         for i in range(len(source))
     ]
-    return ranking_metrics(rows, per_row, loss, log_tie_strength)
+    if train.loss not in RANKING_LOSSES:
+        return ranking_metrics(rows, per_row)
+    return ranking_metrics(rows, per_row, train.loss, train.log_tie_strength)
 
 
 def score_metrics(rewards: np.ndarray, scores: np.ndarray, *, mse: bool) -> dict[str, Any]:
