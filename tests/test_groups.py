@@ -538,6 +538,39 @@ def test_cli_eval_and_score_take_score_rows(tokenizer, tmp_path, capsys):
             assert metrics["mse"] == pytest.approx(np.mean((rewards - target) ** 2), rel=1e-5)
 
 
+def test_cli_eval_reports_the_ranking_loss_of_a_ranking_run(tokenizer, tmp_path, capsys):
+    from rewardax import ranking_losses
+
+    model_dir = tmp_path / "model"
+    model = tiny_llama(tokenizer, seed=5)
+    model.save_pretrained(model_dir, tokenizer=tokenizer)
+    ranked = ranked_rows(rows(HELDOUT, 6))
+    path = tmp_path / "ranked.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in ranked))
+    texts = [row["prompt"] + x for row in ranked for x in row["responses"]]
+    every = iter(reference_rewards(model, tokenizer, texts))
+    want = np.mean(
+        [
+            ranking_losses.plackett_luce_loss(
+                np.asarray([[next(every) for _ in row["responses"]]], np.float32),
+                np.asarray([row["ranks"]], np.float32),
+                np.ones((1, len(row["ranks"])), np.float32),
+            )[0]
+            for row in ranked
+        ]
+    )
+    for extra, has_loss in (([], False), (["--train.loss=plackett_luce"], True)):
+        code, out, err = run_main(
+            capsys, ["eval", "--model", str(model_dir), "--data", str(path), *extra]
+        )
+        assert code == 0, err
+        ranking = json.loads(out.strip().splitlines()[-1])["metrics"]["ranking"]
+        assert ranking["num_rows"] == len(ranked)
+        assert ("loss" in ranking) == has_loss
+        if has_loss:
+            assert ranking["loss"] == pytest.approx(float(want), rel=1e-5)
+
+
 def test_rewardax_data_exports_the_padded_group_batch_keys():
     # Regression: a merge re-exported packing.GROUP_KEYS over groups.GROUP_KEYS, so the trainer
     # and the score-row scorer dropped attention_mask/reward_index from group batches (KeyError).
