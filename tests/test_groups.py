@@ -430,6 +430,35 @@ def reference_rewards(model, tokenizer, texts):
     return scorer([np.asarray([*tokenizer(t).input_ids, tokenizer.eos_token_id]) for t in texts])
 
 
+def reference_plackett_luce(model, tokenizer, ranked):
+    """Mean per-row Plackett-Luce loss of `reference_rewards` against each row's ranks."""
+    from rewardax import ranking_losses
+
+    texts = [row["prompt"] + x for row in ranked for x in row["responses"]]
+    every = iter(reference_rewards(model, tokenizer, texts))
+    per_row = [
+        float(
+            ranking_losses.plackett_luce_loss(
+                np.asarray([[next(every) for _ in row["responses"]]], np.float32),
+                np.asarray([row["ranks"]], np.float32),
+                np.ones((1, len(row["ranks"])), np.float32),
+            )[0]
+        )
+        for row in ranked
+    ]
+    return float(np.mean(per_row))
+
+
+def saved_model_and_rows(tokenizer, tmp_path, data, name):
+    """A tiny llama saved as a model directory, and ``data`` written to ``name``.jsonl."""
+    model_dir = tmp_path / "model"
+    model = tiny_llama(tokenizer, seed=5)
+    model.save_pretrained(model_dir, tokenizer=tokenizer)
+    path = tmp_path / f"{name}.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in data))
+    return model, model_dir, path
+
+
 def test_eval_metrics_equal_those_of_independent_rewards(tokenizer, tmp_path):
     pairs = rows(HELDOUT, 10)
     scores, ranked = score_rows(pairs), ranked_rows(pairs)
@@ -480,36 +509,18 @@ def test_eval_metrics_equal_those_of_independent_rewards(tokenizer, tmp_path):
 def test_eval_of_a_ranking_trained_model_reports_its_ranking_loss(tokenizer, tmp_path):
     """A model trained with a ranking loss is also judged by it on ranked eval rows: the
     ranking metrics' `loss` is the mean per-row Plackett-Luce loss of independent rewards."""
-    from rewardax import ranking_losses
-
     ranked = ranked_rows(rows(HELDOUT, 6))
     model = tiny_llama(tokenizer, seed=3)
     config = make_config(tmp_path, run_name="pl", loss="plackett_luce", bucket_lengths=[64])
     trainer = rx.RewardTrainer(config, tokenizer, model=model, eval_dataset={"ranked": ranked})
     got = trainer.evaluate()["ranked"]["ranking"]
-    texts = [row["prompt"] + x for row in ranked for x in row["responses"]]
-    every = iter(reference_rewards(model, tokenizer, texts))
-    want = [
-        float(
-            ranking_losses.plackett_luce_loss(
-                np.asarray([[next(every) for _ in row["responses"]]], np.float32),
-                np.asarray([row["ranks"]], np.float32),
-                np.ones((1, len(row["ranks"])), np.float32),
-            )[0]
-        )
-        for row in ranked
-    ]
     assert got["num_rows"] == len(ranked)
-    assert got["loss"] == pytest.approx(np.mean(want), rel=1e-5)
+    assert got["loss"] == pytest.approx(reference_plackett_luce(model, tokenizer, ranked), rel=1e-5)
 
 
 def test_cli_eval_and_score_take_score_rows(tokenizer, tmp_path, capsys):
-    model_dir = tmp_path / "model"
-    model = tiny_llama(tokenizer, seed=5)
-    model.save_pretrained(model_dir, tokenizer=tokenizer)
     data = score_rows(rows(HELDOUT, 6))
-    path = tmp_path / "scores.jsonl"
-    path.write_text("".join(json.dumps(r) + "\n" for r in data))
+    model, model_dir, path = saved_model_and_rows(tokenizer, tmp_path, data, "scores")
     code, out, _ = run_main(capsys, ["score", "--model", str(model_dir), "--input", str(path),
                                      "--output", str(tmp_path / "scored.jsonl")])  # fmt: skip
     assert code == 0
@@ -539,26 +550,9 @@ def test_cli_eval_and_score_take_score_rows(tokenizer, tmp_path, capsys):
 
 
 def test_cli_eval_reports_the_ranking_loss_of_a_ranking_run(tokenizer, tmp_path, capsys):
-    from rewardax import ranking_losses
-
-    model_dir = tmp_path / "model"
-    model = tiny_llama(tokenizer, seed=5)
-    model.save_pretrained(model_dir, tokenizer=tokenizer)
     ranked = ranked_rows(rows(HELDOUT, 6))
-    path = tmp_path / "ranked.jsonl"
-    path.write_text("".join(json.dumps(r) + "\n" for r in ranked))
-    texts = [row["prompt"] + x for row in ranked for x in row["responses"]]
-    every = iter(reference_rewards(model, tokenizer, texts))
-    want = np.mean(
-        [
-            ranking_losses.plackett_luce_loss(
-                np.asarray([[next(every) for _ in row["responses"]]], np.float32),
-                np.asarray([row["ranks"]], np.float32),
-                np.ones((1, len(row["ranks"])), np.float32),
-            )[0]
-            for row in ranked
-        ]
-    )
+    model, model_dir, path = saved_model_and_rows(tokenizer, tmp_path, ranked, "ranked")
+    want = reference_plackett_luce(model, tokenizer, ranked)
     for extra, has_loss in (([], False), (["--train.loss=plackett_luce"], True)):
         code, out, err = run_main(
             capsys, ["eval", "--model", str(model_dir), "--data", str(path), *extra]
@@ -568,7 +562,7 @@ def test_cli_eval_reports_the_ranking_loss_of_a_ranking_run(tokenizer, tmp_path,
         assert ranking["num_rows"] == len(ranked)
         assert ("loss" in ranking) == has_loss
         if has_loss:
-            assert ranking["loss"] == pytest.approx(float(want), rel=1e-5)
+            assert ranking["loss"] == pytest.approx(want, rel=1e-5)
 
 
 def test_rewardax_data_exports_the_padded_group_batch_keys():
