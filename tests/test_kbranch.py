@@ -237,8 +237,9 @@ def test_listwise_loss_gradient_equals_padded():
         flat = nnx.merge(graphdef, p, rest)(jnp.asarray(ids), jnp.asarray(mask)).logits[:, 0]
         return loss(jnp.zeros((6, 4)).at[where[:, 0], where[:, 1]].set(flat))
 
-    got_loss, got = jax.jit(jax.value_and_grad(packed))(params)
-    want_loss, want = jax.jit(jax.value_and_grad(alone))(params)
+    with jax.default_matmul_precision("highest"):  # the TPU's default is bf16 passes
+        got_loss, got = jax.jit(jax.value_and_grad(packed))(params)
+        want_loss, want = jax.jit(jax.value_and_grad(alone))(params)
     assert float(want_loss) > 0.1
     np.testing.assert_allclose(got_loss, want_loss, atol=ATOL, rtol=0)
     for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(want), strict=True):
