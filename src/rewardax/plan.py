@@ -491,9 +491,11 @@ def alternatives(
     config: RewardConfig, devices: int, arch: ModelConfig | None = None
 ) -> list[tuple[str, ...]]:
     """Settings that lower a job's memory per chip, one change each, the cheapest in speed first:
-    remat of every block, the splash attention kernel's residuals kept in host memory instead
-    (a little less than `full`'s memory; its speed against `full` not measured yet; not where
-    ``arch``'s sliding window or the shared-prompt layout run XLA's attention), the data-parallel devices turned into fsdp (parameters and optimizer
+    remat of every block; once remat is `full`, the splash attention kernel's residuals kept in
+    host memory instead (`offload_attention`: 2-3% less HBM than `full`, for steps 1.12-1.46x
+    `full`'s on a v5e chip, benchmarks/results/tpu_v5e_2026-12-06c_offload_attention.md, so
+    never offered over `full`; not where ``arch``'s sliding window or the shared-prompt layout
+    run XLA's attention); the data-parallel devices turned into fsdp (parameters and optimizer
     state split across them), the optimizer state in host memory, the float32 parameters there
     too (a bfloat16 copy on the chip), bfloat16 parameters and moments, LoRA of rank 16 on a
     bfloat16 base, half the pairs per device with twice the accumulation (the same pairs per
@@ -508,7 +510,7 @@ def alternatives(
         and config.data.layout != "shared_prompt"
         and (arch is None or arch.sliding_window is None)
     )
-    if splash and config.model.remat_policy != "offload_attention":
+    if splash and config.model.remat_policy == "full":
         out.append(("model.remat_policy=offload_attention",))
     dp, _, tp = config.mesh.resolve(devices)
     if dp > 1:

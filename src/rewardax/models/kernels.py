@@ -71,7 +71,8 @@ class Kernels:
         as rows of 128 values when a head is narrower: a TPU lays a [.., T, 64] array out in
         128-wide tiles, half of them empty (`traced_under`). Less memory for "save_attention"
         and "offload_attention" (benchmarks/results/remat_memory_v5e_2026-12-06.md), paid in
-        two relayout copies per residual per step; off until a chip has timed both.
+        two relayout copies per residual per step: on a v5e chip "save_attention" steps were
+        1.8-4.3% slower (benchmarks/results/tpu_v5e_2026-12-06c_offload_attention.md), so off.
       float32_precision: the matmul precision that float32 products are traced under
         (``jax.default_matmul_precision``): "highest" off the CPU, None (as traced) on XLA:CPU.
     """
