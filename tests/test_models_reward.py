@@ -11,6 +11,8 @@ from flax import nnx
 from model_fixtures import EOS, pad_rows, random_rows, scrambled_model, tiny_config
 from rewardax.errors import ConfigError
 from rewardax.models import ModelConfig, RewardModel, RewardOutput
+from rewardax.models.kernels import select_kernels
+from rewardax.models.transformer import remat_fallback
 
 
 def _plain_rewards(model, rows):
@@ -493,3 +495,19 @@ def test_export_writes_column_major_host_arrays_in_their_logical_order(tmp_path,
     assert before.keys() == after.keys()
     for path, value in before.items():
         np.testing.assert_array_equal(np.asarray(after[path][...]), np.asarray(value[...]), path)
+
+
+def test_remat_fallback_names_why_a_residual_policy_acts_as_full():
+    splash = select_kernels("pallas", "tpu")
+    assert remat_fallback("save_attention", splash, branches=False, sliding_window=None) is None
+    assert remat_fallback("full", "cpu", branches=False, sliding_window=None) is None
+    assert "cpu_blocked" in remat_fallback(
+        "offload_attention", select_kernels("cpu", "cpu"), branches=False, sliding_window=None
+    )
+    assert "xla" in remat_fallback("save_attention", "xla", branches=False, sliding_window=None)
+    assert "shared_prompt" in remat_fallback(
+        "save_attention", splash, branches=True, sliding_window=None
+    )
+    assert "sliding window" in remat_fallback(
+        "offload_attention", splash, branches=False, sliding_window=64
+    )

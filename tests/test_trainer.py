@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import re
 import signal
+import warnings
 from importlib import resources
 
 import jax
@@ -200,6 +201,18 @@ def test_eval_counts_every_pair_once_and_export_matches(tokenizer, tmp_path):
     got = mixed._last_rewards["eval"]["chosen"]
     np.testing.assert_allclose(got, rewards["chosen"][:8], atol=0.05, rtol=0.05)
     assert not np.array_equal(got, rewards["chosen"][:8])
+
+
+def test_a_residual_remat_policy_without_splash_warns_that_it_acts_as_full(tokenizer, tmp_path):
+    kept = tiny_llama(tokenizer)
+    kept.model.remat_policy = "save_attention"  # on the CPU: cpu_blocked attention names nothing
+    with pytest.warns(UserWarning, match=r"remat_policy=save_attention .* cpu_blocked, not splash"):
+        rx.RewardTrainer(make_config(tmp_path, run_name="kept"), tokenizer, model=kept)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # remat full: nothing to say
+        full = tiny_llama(tokenizer)
+        full.model.remat_policy = "full"
+        rx.RewardTrainer(make_config(tmp_path, run_name="full"), tokenizer, model=full)
 
 
 def test_nan_policy_error_stops_and_keeps_the_clean_checkpoint(tokenizer, tmp_path):

@@ -43,6 +43,7 @@ from rewardax.losses import SCORE_LOSSES
 from rewardax.models import AutoRewardModel, ModelOptions, RewardModel, lora, smollm2_gguf_path
 from rewardax.models.auto import read_architecture
 from rewardax.models.kernels import compute_dtype
+from rewardax.models.transformer import remat_fallback
 from rewardax.optim import build_optimizer, build_schedule, constant_rate
 from rewardax.pair_scoring import PairScorer, ScoreRowScorer
 from rewardax.plan import memory_limit, resolve_auto
@@ -214,6 +215,7 @@ class RewardTrainer:
         self.model_config = self.state.model.config
         if cfg.model.objectives:  # the names travel with checkpoints and exports (id2label)
             self.model_config = self.model_config.replace(label_names=tuple(cfg.model.objectives))
+        self._warn_remat_fallback()
         self.run_dir = Path(cfg.checkpoint.save_directory) / self.run_name()
         self._functions: TrainerFunctions | None = None
         self._checkpointer: TrainCheckpointer | None = None
@@ -250,6 +252,25 @@ class RewardTrainer:
             arch = read_architecture(config.model.path or smollm2_gguf_path())
         config, self._auto_chosen, self._remat_tried = resolve_auto(config, arch, devices)
         return config
+
+    def _warn_remat_fallback(self) -> None:
+        """A warning when the model's remat policy keeps the splash kernel's residuals but no
+        splash kernel runs (it then recomputes every block: remat full's speed and memory)."""
+        model = self.state.model
+        policy = model.model.remat_policy
+        why = remat_fallback(
+            policy,
+            model.kernels,
+            branches=self.config.data.layout == "shared_prompt",
+            sliding_window=self.model_config.sliding_window,
+        )
+        if why is not None:
+            warnings.warn(
+                f"model.remat_policy={policy} keeps what the splash attention kernel saves, but "
+                f"{why}: it recomputes every layer, as remat full does. Set "
+                "model.remat_policy=full to say so, or auto to let the trainer choose.",
+                stacklevel=3,
+            )
 
     def run_name(self) -> str:
         """The run directory's name: `checkpoint.run_name`, else the model's file or directory

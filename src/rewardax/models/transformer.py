@@ -607,7 +607,7 @@ def remat_policy_fn(name: str) -> Any:
       output and log-sum-exp, named `kernels.ATTENTION_RESIDUALS`), recompute the rest: the
       backward runs no second attention forward, the most expensive part of a layer's forward
       at long rows, for ~(2 x hidden + 2 x kv width) x 2 bytes per token and layer (SmolLM2:
-      3.1 KB). Other attention kernels keep nothing by that name: there it is ``"full"``.
+      3.1 KB). Other attention kernels keep nothing by that name: there it is ``"full"`` (the trainer warns: `remat_fallback`).
     - ``"offload_attention"``: the same residuals, moved to the host's memory (``pinned_host``)
       after the layer's forward and brought back for its backward, the rest recomputed: no
       second attention forward for about ``"full"``'s device memory, paid in transfers between
@@ -631,6 +631,24 @@ def remat_policy_fn(name: str) -> Any:
             offload_dst="pinned_host",
         )
     raise ConfigError(f"remat_policy={name!r} is not one of {', '.join(REMAT_POLICIES)}.")
+
+
+def remat_fallback(
+    policy: str, kernels: Kernels | str, *, branches: bool, sliding_window: int | None
+) -> str | None:
+    """Why ``policy`` acts as ``"full"`` for a run, or None when it does not: ``"save_attention"``
+    and ``"offload_attention"`` keep what the splash kernel names (`ATTENTION_RESIDUALS`), and
+    no other attention kernel names anything (``branches``: the shared-prompt layout)."""
+    if policy not in ("save_attention", "offload_attention"):
+        return None
+    chosen = kernels if isinstance(kernels, Kernels) else select_kernels(kernels)
+    if chosen.attention != "splash":
+        return f"the attention kernel on this backend is {chosen.attention}, not splash"
+    if branches:
+        return "data.layout=shared_prompt runs XLA's attention (the branch mask)"
+    if sliding_window is not None:
+        return "the model's sliding window runs XLA's attention"
+    return None
 
 
 # Decoders with at most this many layers run them unrolled (`Decoder.__call__`).
