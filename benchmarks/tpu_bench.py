@@ -1,6 +1,6 @@
 """TPU throughput of RewardTrainer's jitted step, today's kernels against the backend's (issue 28).
 
-    python benchmarks/tpu_bench.py [--set kernels|remat|remat2|tune|offload|offload_attention|defaults] [--budget-s 420] [--steps 8] [--out DIR] [--tiny]
+    python benchmarks/tpu_bench.py [--set kernels|remat|remat2|tune|offload|offload_attention|microbatch|defaults] [--budget-s 420] [--steps 8] [--out DIR] [--tiny]
 
 Random-init models of real shapes (SmolLM2-135M, Qwen2.5-0.5B, Qwen2.5-1.5B), bf16 compute, float32
 parameters and Adam moments (bf16 both for 1.5B), padded rows of exactly T tokens, remat `full`,
@@ -113,6 +113,7 @@ class Job:
     tiles: dict | None = None  # splash tiles, `Kernels` fields; None: the attention bench's best
     optim: dict = dataclasses.field(default_factory=dict)  # optim settings, e.g. offload_state
     lora_rank: int = 0  # LoRA adapters (frozen base: 4 x params per token in the MFU)
+    microbatches: int = 1  # each step's pairs in this many microbatches (gradient accumulation)
 
 
 # In priority order (the budget cuts the tail): issue 28's targets, old vs new, then the rest.
@@ -216,6 +217,22 @@ OFFLOAD_ATTENTION_JOBS = [
     Job("qwen2.5-0.5b", 2048, "pallas", (4,), remat="save_attention", tiles=DENSE),
     Job("smollm2-135m", 2048, "pallas", (16,), remat="offload_attention", tiles=DENSE),
     Job("smollm2-135m", 2048, "pallas", (16,), remat="full"),
+]
+# `--set microbatch`: smaller microbatches than `auto` tries today (it stops at 16k tokens a
+# microbatch, `plan.MIN_MICROBATCH_TOKENS`, because every fast step measured had that many; 1.5B
+# at 2 pairs of 2048, 8k tokens, then reached 61.6% MFU). Less remat on 8k- and 4k-token
+# microbatches against what `auto` picks for the same pairs per update (timed in the same run).
+MICROBATCH_JOBS = [
+    Job("qwen2.5-0.5b", 2048, "pallas", (8,), remat="save_attention", microbatches=4),
+    Job("qwen2.5-0.5b", 2048, "pallas", (8,), remat="full"),
+    Job("smollm2-135m", 2048, "pallas", (16,), remat="save_attention", microbatches=4),
+    Job("smollm2-135m", 2048, "pallas", (16,), remat="save_attention", microbatches=2),
+    Job("qwen2.5-0.5b", 512, "pallas", (16,), remat="none", microbatches=4),
+    Job("qwen2.5-0.5b", 512, "pallas", (16,), remat="none", microbatches=2),
+    Job("qwen2.5-0.5b", 512, "pallas", (16,), remat="save_attention"),
+    Job("smollm2-135m", 512, "pallas", (32,), remat="none", microbatches=4),
+    Job("smollm2-135m", 512, "pallas", (32,), remat="none", microbatches=2),
+    Job("smollm2-135m", 512, "pallas", (32,), remat="save_attention"),
 ]
 TINY_JOBS = [
     Job("qwen2.5-0.5b", 256, "pallas", (4, 2)),
@@ -322,8 +339,8 @@ def _state(row: dict) -> str:
         extra.append(f"LoRA r{row['lora_rank']}")
     if row.get("defaults"):
         extra.append(f"{row.get('dtype')} compute (defaults)")
-        if (row.get("microbatches") or 1) > 1:
-            extra.append(f"{row['microbatches']} microbatches")
+    if (row.get("microbatches") or 1) > 1:
+        extra.append(f"{row['microbatches']} microbatches")
     return " + ".join([str(row.get("param_dtype", "")), *extra])
 
 
@@ -507,6 +524,7 @@ def train_job(job: Job, kernels: Kernels, args, rec: Recorder, workdir: str) -> 
         "device": jax.devices()[0].device_kind,
         **({"optim": job.optim} if job.optim else {}),
         **({"lora_rank": job.lora_rank} if job.lora_rank else {}),
+        **({"microbatches": job.microbatches} if job.microbatches > 1 else {}),
     }
     chosen = kernels if job.kernels == "pallas" else select_kernels(job.kernels)
     if job.tiles is not None and chosen.attention == "splash":
@@ -535,7 +553,8 @@ def train_job(job: Job, kernels: Kernels, args, rec: Recorder, workdir: str) -> 
             )
             trainer = rx.RewardTrainer(
                 rx.RewardConfig(
-                    per_device_train_batch_size=pairs,
+                    per_device_train_batch_size=pairs // job.microbatches,
+                    gradient_accumulation_steps=job.microbatches,
                     max_sequence_length=job.length,
                     max_training_steps=1000,
                     save_directory=workdir,
@@ -696,7 +715,16 @@ def main() -> None:
     parser.add_argument(
         "--set",
         default="kernels",
-        choices=("kernels", "remat", "remat2", "tune", "offload", "offload_attention", "defaults"),
+        choices=(
+            "kernels",
+            "remat",
+            "remat2",
+            "tune",
+            "offload",
+            "offload_attention",
+            "microbatch",
+            "defaults",
+        ),
         help="which job list to run",
     )
     parser.add_argument("--out", default=os.environ.get("OUT") or "tpu_bench_out")
@@ -718,7 +746,7 @@ def main() -> None:
     kernels = select_kernels("pallas")
     if args.set in ("remat", "remat2"):  # the kernels run's best (benchmarks/README.md, 12-05)
         kernels = dataclasses.replace(kernels, block_q=512, block_kv=512, fused_backward=True)
-    elif args.set in ("offload", "offload_attention", "defaults"):  # the default tiles
+    elif args.set in ("offload", "offload_attention", "microbatch", "defaults"):  # default tiles
         pass
     else:
         try:
@@ -734,12 +762,13 @@ def main() -> None:
         "tune": TUNE_JOBS,
         "offload": OFFLOAD_JOBS,
         "offload_attention": OFFLOAD_ATTENTION_JOBS,
+        "microbatch": MICROBATCH_JOBS,
         "defaults": [],
     }
     jobs = sets[args.set]
     if args.tiny:
         jobs = (
-            [dataclasses.replace(j, length=128, batches=(2,)) for j in jobs]
+            [dataclasses.replace(j, length=128, batches=(2 * j.microbatches,)) for j in jobs]
             if args.set != "kernels"
             else TINY_JOBS
         )
