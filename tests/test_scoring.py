@@ -298,3 +298,18 @@ def test_fit_many_equals_fit_row_by_row(tokenizer, which, mode, append_eos):
     for special in (True, False):
         one_by_one = [tok(t, add_special_tokens=special).input_ids for t in texts]
         assert encoder.encoder.token_ids(texts, add_special_tokens=special) == one_by_one
+
+
+def test_a_bad_row_before_an_unreadable_line_is_the_error_reported(tokenizer, model, tmp_path):
+    """Rows are tokenized a window at a time, but errors come in file order, as row by row."""
+    src = tmp_path / "in.jsonl"
+    src.write_text('{"text": "fine"}\n{"response": 5}\nnot json\n')
+    encoder = ResponseEncoder(tokenizer, DataConfig(max_sequence_length=64))
+    scorer = RewardScorer(
+        model, pad_id=tokenizer.pad_token_id, max_sequence_length=64, batch_size=4
+    )
+    with pytest.raises(DataError, match=r"in\.jsonl:2 \(row 1\), field 'response'"):
+        score_file(src, tmp_path / "out.jsonl", encoder, scorer)
+    src.write_text('{"text": "fine"}\nnot json\n')
+    with pytest.raises(DataError, match=r"in\.jsonl:2 \(row 1\): not valid JSON"):
+        score_file(src, tmp_path / "out.jsonl", encoder, scorer)

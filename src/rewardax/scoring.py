@@ -448,19 +448,24 @@ def score_rows(
     is the first objective's).
     """
     window = window or 8 * scorer.batch_size
-    buffer: list[tuple[dict, np.ndarray, str]] = []
+    buffer: list[tuple[dict, str]] = []
     names = scorer.label_names
     added = ("reward", "rewards") if names else ("reward",)
 
+    def encoded() -> list[np.ndarray]:
+        # The window's rows in one tokenizer call per kind; the first bad row raises, naming it.
+        return encoder.encode_many([row for row, _ in buffer], [where for _, where in buffer])
+
     def flush() -> list[dict]:
-        order = sorted(range(len(buffer)), key=lambda i: len(buffer[i][1]))
+        seqs = encoded()
+        order = sorted(range(len(buffer)), key=lambda i: len(seqs[i]))
         outputs = np.empty((len(buffer), len(names) if names else 1))
-        outputs[order] = scorer.outputs([buffer[i][1] for i in order])[:, : outputs.shape[1]]
+        outputs[order] = scorer.outputs([seqs[i] for i in order])[:, : outputs.shape[1]]
         rewards = outputs[:, 0]
         if normalization is not None:
             rewards = (rewards - normalization["mean"]) / normalization["std"]
         out = []
-        for i, ((row, _, where), reward) in enumerate(zip(buffer, rewards, strict=True)):
+        for i, ((row, where), reward) in enumerate(zip(buffer, rewards, strict=True)):
             for column in added:
                 if column in row:
                     raise DataError(
@@ -474,8 +479,18 @@ def score_rows(
         buffer.clear()
         return out
 
-    for row, where in rows:
-        buffer.append((row, encoder.encode(row, where), where))
+    reader = iter(rows)
+    while True:
+        try:
+            row, where = next(reader)
+        except StopIteration:
+            break
+        except DataError:
+            # A line that cannot be read: a bad row read before it is still the error reported
+            # (as when each row was tokenized as it was read).
+            encoded()
+            raise
+        buffer.append((row, where))
         if len(buffer) >= window:
             yield flush()
     if buffer:
