@@ -150,6 +150,73 @@ def test_mixed_rows_are_refused_naming_the_row(tokenizer):
         list(loader([*pairs, scores[0]], tokenizer, "bradley_terry", num_epochs=1))
 
 
+def group_rows_of_every_kind(pairs, layout):
+    """Group rows as `ResponseGroups` hands them to `GroupProcessor` (`responses` + `targets`):
+    text and chat responses, a long one, and bad ones among them."""
+    user = [{"role": "user", "content": "Describe the film in one line."}]
+    sentences = [p[side] for p in pairs for side in ("chosen", "rejected")]
+    long = "A long and winding sentence about a film. " * 8
+    bad_chat = [{"role": "assistant", "content": 3}]
+    if layout == "scores":
+        responses = [
+            [sentences[0]], [sentences[1]], [""], [long], [[{"role": "assistant", "content": "Ok."}]],
+            [sentences[2]], [bad_chat], [sentences[3]],
+        ]  # fmt: skip
+        prompts = [PROMPT, PROMPT, PROMPT, PROMPT, user, PROMPT, None, None]
+    else:
+        chat = [[{"role": "assistant", "content": s}] for s in sentences[:3]]
+        responses = [
+            sentences[0:4], sentences[1:4], [sentences[0], sentences[1], ""], chat,
+            [sentences[2], long, sentences[3]], chat[:2], [sentences[3], sentences[0], bad_chat],
+            sentences[4:8],
+        ]  # fmt: skip
+        # Row 5: chat responses under a string prompt (refused before any is tokenized).
+        prompts = [PROMPT, PROMPT, PROMPT, user, PROMPT, PROMPT, None, None]
+    return [
+        {"prompt": prompt, "responses": rs, "targets": list(range(len(rs)))}
+        for prompt, rs in zip(prompts, responses, strict=True)
+    ]
+
+
+@pytest.mark.parametrize("layout", ["ranks", "scores"])
+@pytest.mark.parametrize("mode", ["keep_end", "filter"])
+def test_a_chunk_of_group_rows_gives_the_records_of_each_row_alone(tokenizer, layout, mode):
+    """`process_many` tokenizes all responses of a chunk together; each record (or dropped
+    record, its message naming the same field) equals that of its row processed alone."""
+    from rewardax.data.groups import GroupProcessor
+
+    config = DataConfig(max_sequence_length=64, truncation_mode=mode)
+    processor = GroupProcessor(tokenizer, config, layout)
+    data = group_rows_of_every_kind(rows(TRAIN, 4), layout)
+
+    def where(i):
+        return f"rows[{i}]"
+
+    indices = [10 + i for i in range(len(data))]
+    together = processor.process_many(data, indices, where)
+    alone = [processor.process(row, i, where(i)) for row, i in zip(data, indices, strict=True)]
+    assert len(together) == len(alone)
+    for got, want in zip(together, alone, strict=True):
+        assert set(got) == set(want)
+        if "dropped" in want:
+            assert got == want
+            continue
+        assert got["index"] == want["index"] and got["truncated"] == want["truncated"]
+        np.testing.assert_array_equal(got["targets"], want["targets"])
+        assert [r.tolist() for r in got["responses"]] == [r.tolist() for r in want["responses"]]
+    # What the rows are there for: fields named as the source row names them, long rows cut or
+    # filtered, and the good rows kept.
+    messages = {r["index"]: r["message"] for r in together if "dropped" in r}
+    field = "response" if layout == "scores" else "responses[2]"
+    assert messages[12].startswith(f"rows[12], field '{field}': expected a non-empty string")
+    assert messages[16].startswith(f"rows[16], field '{field}'")
+    if layout == "ranks":
+        assert messages[15].startswith("rows[15], field 'prompt'")
+    assert ("too_long" in " ".join(messages.values())) == (mode == "filter")
+    assert any(r.get("truncated") for r in together) == (mode == "keep_end")
+    assert sum("dropped" not in r for r in together) >= 3
+
+
 @pytest.mark.parametrize(
     ("data", "loss", "fits"),
     [

@@ -9,6 +9,8 @@ import pytest
 
 from data_fixtures import smollm2_tokenizer, tiny_llama
 from rewardax.data import DataConfig, PairEncoder, normalize_row
+from rewardax.data.formats import InvalidRow
+from rewardax.data.tokenize import FilteredPair
 from rewardax.errors import DataError, ModelLoadError
 from rewardax.scoring import (
     ResponseEncoder,
@@ -218,3 +220,96 @@ def test_a_text_that_starts_with_bos_gets_no_second_one(max_len):
     for row in (plain, rendered):
         pair = {"prompt": row["prompt"], "chosen": "f g", "rejected": "h"}
         assert training_ids(tokenizer, pair, config) == want
+
+
+def varied_rows():
+    """Rows of every kind a ResponseEncoder takes, long ones (cut by a 24-token limit) and bad
+    ones mixed in among the good."""
+    user = [{"role": "user", "content": "Describe the film in one line."}]
+    long_text = "a b c d e f g h " * 12
+    return [
+        {"text": "Just fine."},
+        {"other": 1},  # no kind
+        {"prompt": PROMPT, "response": "A quiet, moving film."},
+        {"prompt": "a b c d e ", "response": "a b c d e f g"},  # starts with its prompt
+        {"prompt": "", "response": "f g"},
+        {"response": 5},  # not a string
+        {"prompt": PROMPT + long_text, "response": "Warm."},  # the prompt is cut
+        {"text": long_text},
+        {"input_ids": [5, 6, 7]},
+        {"input_ids": np.arange(3, 43)},  # an integer array, cut
+        {"input_ids": [10**9]},  # out of the vocabulary
+        {"prompt": user, "response": "Warm and funny."},
+        {"messages": [*user, {"role": "assistant", "content": "Bad."}]},
+        {"messages": [*user, {"role": "assistant", "content": long_text}]},
+        {"messages": "hi"},  # not a list of messages
+        {"prompt": 3, "response": "x"},
+        {"text": "   "},  # empty
+        {"text": "a \ud800"},  # a lone surrogate
+        "not an object",
+        {"text": "<s>a b c d e f g"},  # a chat render sent as text: its own BOS
+        {"prompt": "<s>a b c d e ", "response": "f g h"},
+        {"response": long_text, "prompt": "x "},  # the response alone is over the limit
+    ]
+
+
+def outcome(result):
+    if isinstance(result, Exception):
+        return (
+            type(result).__name__,
+            result.reason,
+            getattr(result, "field_name", None),
+            str(result),
+        )
+    return result
+
+
+@pytest.mark.parametrize("which", ["smollm2", "adds_bos"])
+@pytest.mark.parametrize(
+    "mode,append_eos",
+    [("keep_end", True), ("keep_start", True), ("filter", True), ("keep_end", False)],
+)
+def test_fit_many_equals_fit_row_by_row(tokenizer, which, mode, append_eos):
+    """All rows tokenized together (one tokenizer call per kind) give each row what it gets
+    alone: the same ids, cut flag, or error naming the same field; a bad row spoils no other."""
+    tok = tokenizer if which == "smollm2" else bos_adding_tokenizer()
+    config = DataConfig(max_sequence_length=24, truncation_mode=mode, append_eos=append_eos)
+    encoder = ResponseEncoder(tok, config)
+    rows = varied_rows()
+    alone = []
+    for row in rows:
+        try:
+            alone.append(encoder.fit(row))
+        except (InvalidRow, FilteredPair) as err:
+            alone.append(err)
+    together = encoder.fit_many(rows)
+    assert [outcome(r) for r in together] == [outcome(r) for r in alone]
+    # Reordered, each row still gets its own result.
+    assert [outcome(r) for r in encoder.fit_many(rows[::-1])] == [outcome(r) for r in alone[::-1]]
+    # The rows exercise what they are meant to: kept, cut (or filtered) and bad rows.
+    kept = [r for r in together if isinstance(r, tuple)]
+    assert len(kept) >= 7 and sum(isinstance(r, InvalidRow) for r in together) >= 8
+    if mode == "filter":
+        assert sum(isinstance(r, FilteredPair) for r in together) >= 3
+    else:
+        assert sum(cut for _, cut in kept) >= 3
+    # The tokenizer's batch call gives each text the ids of a call of its own.
+    texts = ["Just fine.", PROMPT + "a b c d e f g h " * 12, "<s>a b", "x"]
+    for special in (True, False):
+        one_by_one = [tok(t, add_special_tokens=special).input_ids for t in texts]
+        assert encoder.encoder.token_ids(texts, add_special_tokens=special) == one_by_one
+
+
+def test_a_bad_row_before_an_unreadable_line_is_the_error_reported(tokenizer, model, tmp_path):
+    """Rows are tokenized a window at a time, but errors come in file order, as row by row."""
+    src = tmp_path / "in.jsonl"
+    src.write_text('{"text": "fine"}\n{"response": 5}\nnot json\n')
+    encoder = ResponseEncoder(tokenizer, DataConfig(max_sequence_length=64))
+    scorer = RewardScorer(
+        model, pad_id=tokenizer.pad_token_id, max_sequence_length=64, batch_size=4
+    )
+    with pytest.raises(DataError, match=r"in\.jsonl:2 \(row 1\), field 'response'"):
+        score_file(src, tmp_path / "out.jsonl", encoder, scorer)
+    src.write_text('{"text": "fine"}\nnot json\n')
+    with pytest.raises(DataError, match=r"in\.jsonl:2 \(row 1\): not valid JSON"):
+        score_file(src, tmp_path / "out.jsonl", encoder, scorer)

@@ -23,9 +23,9 @@ import math
 import os
 import sys
 import tempfile
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -61,12 +61,8 @@ class ResponseEncoder:
         self.config = data_config
         self.encoder = PairEncoder.for_data(tokenizer, data_config)
 
-    def _text_sequence(self, text: str, prompt_chars: int) -> EncodedSequence:
-        enc = self.encoder
-        ids = enc.token_ids([text], add_special_tokens=True)[0]
-        return enc.plain_sequence(ids, text, prompt_chars)
-
-    def _chat_sequence(self, messages: list[dict], row: dict) -> EncodedSequence:
+    def _chat_text(self, messages: list[dict], row: dict) -> _Text:
+        """The render of a chat, to encode without special tokens, with its prompt boundary."""
         enc = self.encoder
         tools, kwargs = chat_extras(row)
         pair = NormalizedPair("chat", messages, messages, tools=tools, template_kwargs=kwargs)
@@ -98,40 +94,92 @@ class ResponseEncoder:
         common = 0
         while common < min(len(head), len(full)) and head[common] == full[common]:
             common += 1
-        ids = enc.token_ids([full], add_special_tokens=False)[0]
-        return enc.rendered_sequence(ids, full, common)  # the training rule
+        return _Text(full, common, plain=False)
+
+    def sequences_many(self, rows: Sequence[Any]) -> list[EncodedSequence | InvalidRow]:
+        """The sequence of each row before the length policy, or the InvalidRow it raised.
+
+        Every row is checked (and chat rows rendered) first; then the plain texts are tokenized in
+        one tokenizer call and the chat renders in another (`PairEncoder.token_ids`), as
+        `PairEncoder.encode_many` tokenizes pairs. A batch gives each text the ids it gets alone.
+        """
+        enc = self.encoder
+        out: list[Any] = [None] * len(rows)
+        texts: dict[bool, list[tuple[int, _Text]]] = {True: [], False: []}
+        for i, row in enumerate(rows):
+            try:
+                prepared = self._row_input(row)
+            except InvalidRow as bad:
+                out[i] = bad
+                continue
+            if isinstance(prepared, EncodedSequence):  # input_ids: nothing to tokenize
+                out[i] = prepared
+            else:
+                texts[prepared.plain].append((i, prepared))
+        for plain, jobs in texts.items():
+            ids = enc.token_ids([job.text for _, job in jobs], add_special_tokens=plain)
+            sequence = enc.plain_sequence if plain else enc.rendered_sequence  # the training rules
+            for (i, job), seq_ids in zip(jobs, ids, strict=True):
+                out[i] = sequence(seq_ids, job.text, job.prompt_chars)
+        return out
+
+    def fit_many(
+        self, rows: Sequence[Any]
+    ) -> list[tuple[list[int], bool] | InvalidRow | FilteredPair]:
+        """`fit` of many rows, tokenized together (`sequences_many`): per row its (ids, cut), or
+        the InvalidRow / FilteredPair that `fit` would raise, so one bad row never stops the
+        others."""
+        out: list[tuple[list[int], bool] | InvalidRow | FilteredPair] = []
+        for seq in self.sequences_many(rows):
+            if isinstance(seq, InvalidRow):
+                out.append(seq)
+                continue
+            try:
+                out.append(self.encoder.fit(seq, "response"))
+            except (InvalidRow, FilteredPair) as err:
+                out.append(err)
+        return out
 
     def fit(self, row: Any) -> tuple[list[int], bool]:
         """Token ids of one row after the length policy, and whether they were cut; raises
         InvalidRow for a bad row and FilteredPair when truncation_mode=filter drops it (training
         on score and ranked rows, `rewardax.data.groups`, counts those)."""
-        return self.encoder.fit(self._row_sequence(row), "response")
+        result = self.fit_many([row])[0]
+        if isinstance(result, Exception):
+            raise result
+        return result
 
-    def encode(self, row: Any, where: str) -> np.ndarray:
-        """Token ids int32 [L] of one row (L <= max_sequence_length); DataError naming `where`."""
-        try:
-            try:
-                ids, _ = self.fit(row)
-            except FilteredPair:
-                raise InvalidRow(
+    def encode_many(self, rows: Sequence[Any], wheres: Sequence[str]) -> list[np.ndarray]:
+        """Token ids int32 [L] of each row (L <= max_sequence_length), tokenized together; the
+        first bad row, in order, raises a DataError naming its `where`."""
+        out = []
+        for result, where in zip(self.fit_many(rows), wheres, strict=True):
+            if isinstance(result, FilteredPair):
+                result = InvalidRow(
                     "too_long",
                     "response",
                     f"longer than max_sequence_length={self.config.max_sequence_length} and "
                     "truncation_mode is filter, but scoring keeps every row; use --truncation "
                     "keep_end or keep_start, or raise --max-length",
-                ) from None
-        except InvalidRow as bad:
-            raise DataError(f"{where}, field '{bad.field_name}': {bad.expected}") from None
-        return np.asarray(ids, dtype=np.int32)
+                )
+            if isinstance(result, InvalidRow):
+                raise DataError(f"{where}, field '{result.field_name}': {result.expected}")
+            out.append(np.asarray(result[0], dtype=np.int32))
+        return out
 
-    def _row_sequence(self, row: Any) -> EncodedSequence:
+    def encode(self, row: Any, where: str) -> np.ndarray:
+        """Token ids int32 [L] of one row (L <= max_sequence_length); DataError naming `where`."""
+        return self.encode_many([row], [where])[0]
+
+    def _row_input(self, row: Any) -> EncodedSequence | _Text:
+        """A checked row: its sequence (input_ids) or the text to tokenize (`_Text`)."""
         if not isinstance(row, dict):
             raise InvalidRow("wrong_type", "<row>", f"expected an object, got {type(row).__name__}")
         # A lone surrogate (a JSON "\\ud800" escape) would crash the tokenizer in Rust.
         check_encodable(row, "")
         if row.get("messages") is not None:
             messages = checked_messages(row["messages"], "messages", response=True)
-            return self._chat_sequence(messages, row)
+            return self._chat_text(messages, row)
         if row.get("input_ids") is not None:
             ids = row["input_ids"]
             if isinstance(ids, np.ndarray) and np.issubdtype(ids.dtype, np.integer):
@@ -155,25 +203,32 @@ class ResponseEncoder:
             prompt = row.get("prompt")
             if isinstance(prompt, list):
                 messages = checked_messages(prompt, "prompt", response=False)
-                return self._chat_sequence(
-                    [*messages, {"role": "assistant", "content": response}], row
-                )
+                return self._chat_text([*messages, {"role": "assistant", "content": response}], row)
             if prompt is None or prompt == "":
-                return self._text_sequence(response, 0)
+                return _Text(response, 0, plain=True)
             if not isinstance(prompt, str):
                 raise InvalidRow(
                     "wrong_type", "prompt", "expected a string or a list of chat messages"
                 )
             text = response if response.startswith(prompt) else prompt + response
-            return self._text_sequence(text, len(prompt))
+            return _Text(text, len(prompt), plain=True)
         if row.get("text") is not None:
-            return self._text_sequence(_string(row, "text"), 0)
+            return _Text(_string(row, "text"), 0, plain=True)
         raise InvalidRow(
             "missing_field",
             "messages",
             "a row to score needs `messages` (chat), `input_ids`, `response` (with an optional "
             f"`prompt`) or `text`; it has {sorted(row)[:8]}",
         )
+
+
+class _Text(NamedTuple):
+    """A row's text to tokenize: plain text (`plain`: encoded with the tokenizer's special tokens)
+    or a chat render (encoded without: the template writes its own), and where its prompt ends."""
+
+    text: str
+    prompt_chars: int
+    plain: bool
 
 
 def _template_errors() -> tuple[type[BaseException], ...]:
@@ -393,19 +448,24 @@ def score_rows(
     is the first objective's).
     """
     window = window or 8 * scorer.batch_size
-    buffer: list[tuple[dict, np.ndarray, str]] = []
+    buffer: list[tuple[dict, str]] = []
     names = scorer.label_names
     added = ("reward", "rewards") if names else ("reward",)
 
+    def encoded() -> list[np.ndarray]:
+        # The window's rows in one tokenizer call per kind; the first bad row raises, naming it.
+        return encoder.encode_many([row for row, _ in buffer], [where for _, where in buffer])
+
     def flush() -> list[dict]:
-        order = sorted(range(len(buffer)), key=lambda i: len(buffer[i][1]))
+        seqs = encoded()
+        order = sorted(range(len(buffer)), key=lambda i: len(seqs[i]))
         outputs = np.empty((len(buffer), len(names) if names else 1))
-        outputs[order] = scorer.outputs([buffer[i][1] for i in order])[:, : outputs.shape[1]]
+        outputs[order] = scorer.outputs([seqs[i] for i in order])[:, : outputs.shape[1]]
         rewards = outputs[:, 0]
         if normalization is not None:
             rewards = (rewards - normalization["mean"]) / normalization["std"]
         out = []
-        for i, ((row, _, where), reward) in enumerate(zip(buffer, rewards, strict=True)):
+        for i, ((row, where), reward) in enumerate(zip(buffer, rewards, strict=True)):
             for column in added:
                 if column in row:
                     raise DataError(
@@ -419,8 +479,18 @@ def score_rows(
         buffer.clear()
         return out
 
-    for row, where in rows:
-        buffer.append((row, encoder.encode(row, where), where))
+    reader = iter(rows)
+    while True:
+        try:
+            row, where = next(reader)
+        except StopIteration:
+            break
+        except DataError:
+            # A line that cannot be read: a bad row read before it is still the error reported
+            # (as when each row was tokenized as it was read).
+            encoded()
+            raise
+        buffer.append((row, where))
         if len(buffer) >= window:
             yield flush()
     if buffer:

@@ -96,10 +96,24 @@ class GroupProcessor:
     def process_many(
         self, rows: Sequence[Any], indices: Sequence[int], where: Callable[[int], str]
     ) -> list[dict]:
-        out = []
-        for row, index in zip(rows, indices, strict=True):
+        # Every response of every row of the chunk is tokenized together (`ResponseEncoder.fit_many`:
+        # one tokenizer call per kind), then each row takes its responses' results back in order.
+        responses: list[list[dict] | InvalidRow] = []
+        for row in rows:
             try:
-                out.append({**self._record(row), "index": index})
+                responses.append(response_rows(row))
+            except InvalidRow as bad:
+                responses.append(bad)
+        fitted = iter(
+            self.encoder.fit_many([r for rs in responses if isinstance(rs, list) for r in rs])
+        )
+        out = []
+        for row, index, row_responses in zip(rows, indices, responses, strict=True):
+            try:
+                if isinstance(row_responses, InvalidRow):
+                    raise row_responses
+                results = [next(fitted) for _ in row_responses]
+                out.append({**self._record(row, results), "index": index})
             except InvalidRow as bad:
                 message = (
                     f"{where(index)}, field '{bad.field_name}': {bad.expected}. Fix the row, or "
@@ -119,18 +133,21 @@ class GroupProcessor:
                 )
         return out
 
-    def _record(self, group: dict) -> dict:
+    def _record(self, group: dict, results: list[Any]) -> dict:
+        """The record of a group from its responses' `fit_many` results; the first failed
+        response, in order, raises."""
         responses, truncated = [], False
-        for k, row in enumerate(response_rows(group)):
-            try:
-                ids, cut = self.encoder.fit(row)
-            except InvalidRow as bad:
+        for k, result in enumerate(results):
+            if isinstance(result, FilteredPair):
+                raise result
+            if isinstance(result, InvalidRow):
                 # Named as the source row names it: `response`, or the k-th item of `responses`
                 # (`chosen` then `rejected` for lists).
-                field = bad.field_name
+                field = result.field_name
                 if field in ("response", "messages") or field.startswith("messages["):
                     field = "response" if self.layout == "scores" else f"responses[{k}]"
-                raise InvalidRow(bad.reason, field, bad.expected) from None
+                raise InvalidRow(result.reason, field, result.expected)
+            ids, cut = result
             responses.append(np.asarray(ids, dtype=np.int32))
             truncated |= cut
         return {
