@@ -313,3 +313,12 @@ def test_a_bad_row_before_an_unreadable_line_is_the_error_reported(tokenizer, mo
     src.write_text('{"text": "fine"}\nnot json\n')
     with pytest.raises(DataError, match=r"in\.jsonl:2 \(row 1\): not valid JSON"):
         score_file(src, tmp_path / "out.jsonl", encoder, scorer)
+
+
+def test_common_prefix_of_a_prompt_render_and_its_chat():
+    from rewardax.scoring import _common_prefix
+
+    assert _common_prefix("<s>user: hi\nassistant:", "<s>user: hi\nassistant: yes") == 22
+    assert _common_prefix("<s>user: hi\nassistant:\n", "<s>user: hi\nassistant: yes") == 22
+    assert _common_prefix("", "abc") == 0
+    assert _common_prefix("abc", "ab") == 2

@@ -91,10 +91,7 @@ class ResponseEncoder:
                     f"{type(err).__name__}: {err}. Fix the template, or score this row as "
                     "`input_ids`",
                 ) from None
-        common = 0
-        while common < min(len(head), len(full)) and head[common] == full[common]:
-            common += 1
-        return _Text(full, common, plain=False)
+        return _Text(full, _common_prefix(head, full), plain=False)
 
     def sequences_many(self, rows: Sequence[Any]) -> list[EncodedSequence | InvalidRow]:
         """The sequence of each row before the length policy, or the InvalidRow it raised.
@@ -229,6 +226,17 @@ class _Text(NamedTuple):
     text: str
     prompt_chars: int
     plain: bool
+
+
+def _common_prefix(a: str, b: str) -> int:
+    """The length of the longest common prefix of ``a`` and ``b``: usually all of ``a`` (a chat's
+    generation-prompt render starts its whole render), found then by one C-speed comparison."""
+    if b.startswith(a):
+        return len(a)
+    n = 0
+    while n < min(len(a), len(b)) and a[n] == b[n]:
+        n += 1
+    return n
 
 
 def _template_errors() -> tuple[type[BaseException], ...]:
