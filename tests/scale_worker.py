@@ -44,6 +44,7 @@ from flax import nnx  # noqa: E402
 import rewardax as rx  # noqa: E402
 from rewardax import data as rdata  # noqa: E402
 from rewardax import distributed  # noqa: E402
+from rewardax.pair_scoring import PairRewards  # noqa: E402
 from rewardax.sharding import bytes_per_device  # noqa: E402
 from rewardax.steps import make_train_step  # noqa: E402
 
@@ -81,14 +82,20 @@ def rated_sentence(rng: np.random.Generator, quality: int) -> str:
     return " ".join([*rated, *rng.choice(WORDS[5:], size=int(rng.integers(0, 7)))])
 
 
-def ranked_rows(n: int, seed: int = 0) -> list[dict]:
+def ranked_rows(n: int, seed: int = 0, ties: bool = False) -> list[dict]:
     """Rows ranking 4 responses by quality (lower rank = better); every third row has 3, so its
-    batch pads a response (response_mask 0)."""
+    batch pads a response (response_mask 0). With `ties`, qualities are drawn with repeats and
+    equal qualities share a rank (Davidson's ties), two distinct ranks at least per row."""
     rng = np.random.default_rng(seed)
     out = []
     for i in range(n):
-        quality = rng.permutation(4)[: 3 if i % 3 == 2 else 4]
-        ranks = np.argsort(np.argsort(-quality))
+        k = 3 if i % 3 == 2 else 4
+        if ties:
+            quality = np.concatenate([[0, 3], rng.integers(0, 4, size=k - 2)])[rng.permutation(k)]
+            ranks = np.unique(-quality, return_inverse=True)[1]  # dense: 0 = best, ties share
+        else:
+            quality = rng.permutation(4)[:k]
+            ranks = np.argsort(np.argsort(-quality))
         responses = [rated_sentence(rng, int(q)) for q in quality]
         out.append({"prompt": "the movie", "responses": responses, "ranks": ranks.tolist()})
     return out
@@ -105,7 +112,27 @@ def score_rows(n: int, seed: int = 0) -> list[dict]:
     return out
 
 
-def tiny_model(hidden: int = 32, mlp: int = 64, kernels: str = "auto") -> rx.RewardModel:
+def named_score_rows(n: int, seed: int = 0) -> list[dict]:
+    """Rows of one response with named scores (model.objectives=OBJECTIVES): `quality` as
+    `score_rows`' score, `length` its filler words / 10; every third row leaves `length` out."""
+    rng = np.random.default_rng(seed)
+    out = []
+    for i in range(n):
+        quality = int(rng.integers(0, 4))
+        response = rated_sentence(rng, quality)
+        scores = {"quality": round(quality + float(rng.normal(0.0, 0.1)), 3)}
+        if i % 3 != 2:
+            scores["length"] = (len(response.split()) - 3) / 10
+        out.append({"prompt": "the film", "response": response, "scores": scores})
+    return out
+
+
+OBJECTIVES = ["quality", "length"]
+
+
+def tiny_model(
+    hidden: int = 32, mlp: int = 64, kernels: str = "auto", num_labels: int = 1
+) -> rx.RewardModel:
     config = rx.ModelConfig(
         architecture="llama",
         vocab_size=VOCAB,
@@ -115,6 +142,7 @@ def tiny_model(hidden: int = 32, mlp: int = 64, kernels: str = "auto") -> rx.Rew
         num_attention_heads=4,
         num_key_value_heads=2,
         pad_token_id=0,
+        num_labels=num_labels,
     )
     return rx.RewardModel(config, rngs=nnx.Rngs(0), kernels=kernels)
 
@@ -383,42 +411,91 @@ def case_train_distributed() -> dict:
     }
 
 
+def group_runs() -> dict[str, tuple[list[dict], dict, list[str]]]:
+    """The group runs of `case_train_distributed_groups`: per run, its training rows, its
+    settings and the eval sets it is scored on (`group_eval_sets`; each set's first evaluation
+    compiles, so the later runs evaluate only what is new to them)."""
+    all_sets = ["ranked", "scores", "one_score"]
+    return {
+        "plackett_luce": (ranked_rows(40), {"loss": "plackett_luce"}, all_sets),
+        "mse": (score_rows(40), {"loss": "mse"}, all_sets),
+        # 2 microbatches per update: the strided split mixes the processes' rows.
+        "all_pairs_bradley_terry": (
+            ranked_rows(40),
+            {"loss": "all_pairs_bradley_terry", "gradient_accumulation_steps": 2},
+            [],
+        ),
+        "davidson": (
+            ranked_rows(40, ties=True),
+            {"loss": "davidson", "log_tie_strength": 0.5},
+            ["tied"],
+        ),
+        "gaussian_nll": (score_rows(40), {"loss": "gaussian_nll", "num_labels": 2}, []),
+        # Each objective's mean over the rows of the whole update that score it, accumulated.
+        "objectives": (
+            named_score_rows(40),
+            {
+                "loss": "mse",
+                "objectives": OBJECTIVES,
+                "num_labels": len(OBJECTIVES),
+                "objective_weights": {"length": 0.5},
+                "gradient_accumulation_steps": 2,
+            },
+            ["named"],
+        ),
+    }
+
+
+def group_eval_sets() -> dict[str, list[dict]]:
+    return {
+        "ranked": ranked_rows(7, seed=1),  # 36 pairs: uneven over processes and batches
+        "tied": ranked_rows(7, seed=1, ties=True),
+        "scores": score_rows(13, seed=1),  # 7 + 6 rows: one process adds a padding batch
+        "one_score": score_rows(1, seed=2),  # fewer rows than processes
+        "named": named_score_rows(13, seed=1),
+    }
+
+
+def eval_rewards(rewards) -> dict[str, list]:
+    """An eval set's rewards in source order: a ranked set's pairs (chosen, rejected), a score
+    set's rows (and with named scores every head output)."""
+    out = {"row_index": rewards.row_index.tolist()}
+    if isinstance(rewards, PairRewards):
+        out.update(chosen=rewards.chosen.tolist(), rejected=rewards.rejected.tolist())
+    else:
+        out["rewards"] = rewards.rewards.tolist()
+        if rewards.outputs is not None:
+            out["outputs"] = rewards.outputs.tolist()
+    return out
+
+
 def case_train_distributed_groups() -> dict:
-    """Group losses on 1 process x 4 devices or 2 processes x 2 devices: plackett_luce on ranked
-    rows (K = 4, every third row 3 responses) and mse on score rows, each run evaluated on
-    ranked and score rows."""
+    """Group losses on 1 process x 4 devices or 2 processes x 2 devices (`group_runs`):
+    plackett_luce, all_pairs_bradley_terry and davidson on ranked rows (K = 4, every third row 3
+    responses; davidson's with ties), mse and gaussian_nll on score rows, mse on named scores
+    (model.objectives); two of them accumulate 2 microbatches per update."""
     mesh = {"dp": 1, "fsdp": 2, "tp": 2}
     settings = dict(per_device_train_batch_size=2, distributed=distributed_settings())
     info = distributed.initialize(make_config(mesh, **settings))
     tok = tiny_tokenizer()
-    eval_sets = {
-        "ranked": ranked_rows(7, seed=1),  # 36 pairs: uneven over processes and batches
-        "scores": score_rows(13, seed=1),  # 7 + 6 rows: one process adds a padding batch
-        "one_score": score_rows(1, seed=2),  # fewer rows than processes
-    }
+    eval_sets = group_eval_sets()
     out: dict = {"process_count": info.process_count, "device_count": info.device_count}
-    for loss, rows in (("plackett_luce", ranked_rows(40)), ("mse", score_rows(40))):
+    for name, (rows, run_settings, sets) in group_runs().items():
         trainer = rx.RewardTrainer(
-            make_config(mesh, run_name=loss, loss=loss, **settings),
+            make_config(mesh, run_name=name, **settings, **run_settings),
             tok,
-            model=tiny_model(),
+            model=tiny_model(num_labels=run_settings.get("num_labels", 1)),
             train_dataset=rows,
-            eval_dataset=eval_sets,
+            eval_dataset={s: eval_sets[s] for s in sets} or None,
         )
         losses = recording(trainer)
         result = trainer.train()
-        ranked, scores = trainer._last_rewards["ranked"], trainer._last_rewards["scores"]
-        out[loss] = {
+        out[name] = {
             "losses": losses,
             "train_num_rows": result.metrics["train"]["num_rows"],
             "params": {k: v.ravel().tolist() for k, v in leaves(trainer.state.params).items()},
-            "eval": result.metrics["eval"],
-            "ranked_row_index": ranked.row_index.tolist(),
-            "ranked_chosen": ranked.chosen.tolist(),
-            "ranked_rejected": ranked.rejected.tolist(),
-            "score_row_index": scores.row_index.tolist(),
-            "score_rewards": scores.rewards.tolist(),
-            "one_score_rewards": trainer._last_rewards["one_score"].rewards.tolist(),
+            "eval": result.metrics.get("eval", {}),
+            "rewards": {s: eval_rewards(trainer._last_rewards[s]) for s in sets},
         }
     return out
 

@@ -18,6 +18,7 @@ from rewardax import distributed
 from rewardax.config import DistributedSection, RewardConfig
 from rewardax.data.groups import collate_groups
 from rewardax.errors import ConfigError
+from rewardax.losses import RANKING_LOSSES
 from rewardax.sharding import batch_sharding, make_mesh
 
 # Left out of `make test`, run by `make test-slow`: trains in several jax.distributed processes.
@@ -250,21 +251,88 @@ def assert_same_params(multi: dict, single: dict) -> None:
         np.testing.assert_allclose(multi[key], single[key], atol=1e-4)
 
 
-@pytest.mark.parametrize("loss", ["plackett_luce", "mse"])
-def test_two_processes_train_a_group_loss_like_one_process(group_runs, loss):
+# The runs of scale_worker.py's `group_runs`, and how many microbatches each accumulates.
+GROUP_RUNS = {
+    "plackett_luce": 1,
+    "mse": 1,
+    "all_pairs_bradley_terry": 2,
+    "davidson": 1,
+    "gaussian_nll": 1,
+    "objectives": 2,  # mse on named scores, model.objectives
+}
+CLOSE = dict(rtol=1e-5, atol=1e-5)  # rewards up to ~3 here (the pair test's ~0.5)
+
+
+@pytest.mark.parametrize("run", GROUP_RUNS)
+def test_two_processes_train_a_group_loss_like_one_process(group_runs, run):
     """Each process loads its share of every batch of group rows (ranked rows of 4 or 3
-    responses, or score rows); the steps see the same global batches as one process does."""
+    responses, or score rows); the steps see the same global batches as one process does, and
+    an update accumulated over 2 microbatches equals one process's."""
     single, multi = group_runs
     assert (single["process_count"], multi["process_count"]) == (1, 2)
     assert single["device_count"] == multi["device_count"] == 4
-    single, multi = single[loss], multi[loss]
+    single, multi = single[run], multi[run]
     assert len(multi["losses"]) == len(single["losses"]) == 5
     # The pair test's 1e-5, relative as well: mse losses here are ~5 (pair losses ~0.7), and
     # the float noise of the processes' other summation order grows with them.
-    np.testing.assert_allclose(multi["losses"], single["losses"], rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(multi["losses"], single["losses"], **CLOSE)
     assert single["losses"][-1] < single["losses"][0]
-    assert multi["train_num_rows"] == single["train_num_rows"] == 4  # 2 per device x 2
+    # 2 rows per device x 2 data-parallel devices, per microbatch.
+    assert multi["train_num_rows"] == single["train_num_rows"] == 4 * GROUP_RUNS[run]
     assert_same_params(multi["params"], single["params"])
+
+
+def assert_same_ranked_eval(single: dict, multi: dict, name: str, loss: str) -> None:
+    """Eval set `name` (7 ranked rows, scored as their pairs) gives every pair once, with the
+    rewards and metrics of one process; the ranking loss per row when `loss` is one."""
+    rewards, rewards_single = multi["rewards"][name], single["rewards"][name]
+    pairs = len(rewards_single["row_index"])
+    assert rewards["row_index"] == rewards_single["row_index"] == list(range(pairs))
+    np.testing.assert_allclose(rewards["chosen"], rewards_single["chosen"], **CLOSE)
+    np.testing.assert_allclose(rewards["rejected"], rewards_single["rejected"], **CLOSE)
+    ranked, ranked_single = multi["eval"][name], single["eval"][name]
+    assert ranked["num_pairs"] == ranked_single["num_pairs"] == pairs
+    assert ranked["accuracy"] == ranked_single["accuracy"]
+    assert ranked["ranking"]["num_rows"] == ranked_single["ranking"]["num_rows"] == 7
+    for metric in ("spearman", "kendall_tau", "top1_accuracy"):
+        assert ranked["ranking"][metric] == pytest.approx(
+            ranked_single["ranking"][metric], abs=1e-9
+        )
+    assert ("loss" in ranked["ranking"]) == ("loss" in ranked_single["ranking"])
+    assert ("loss" in ranked["ranking"]) == (loss in RANKING_LOSSES)
+    if loss in RANKING_LOSSES:
+        assert ranked["ranking"]["loss"] == pytest.approx(
+            ranked_single["ranking"]["loss"], rel=1e-5
+        )
+
+
+def close_to(metric: float | None):
+    """A metric of one process's rewards, to the rewards' tolerance (a mean of 13 rewards of ~1.4
+    moves by their float noise); None (undefined, e.g. a correlation over one row) exactly."""
+    return None if metric is None else pytest.approx(metric, rel=1e-5, abs=1e-5)
+
+
+def assert_same_score_eval(single: dict, multi: dict, name: str, rows: int, mse: bool) -> None:
+    """Eval set `name` (`rows` score rows) gives every row once, with the rewards and metrics of
+    one process (the MSE with `mse`; with named scores every head output, and each objective's
+    metrics)."""
+    rewards, rewards_single = multi["rewards"][name], single["rewards"][name]
+    assert rewards["row_index"] == rewards_single["row_index"] == list(range(rows))
+    np.testing.assert_allclose(rewards["rewards"], rewards_single["rewards"], **CLOSE)
+    assert ("outputs" in rewards) == ("outputs" in rewards_single)
+    if "outputs" in rewards:
+        np.testing.assert_allclose(rewards["outputs"], rewards_single["outputs"], **CLOSE)
+    scores, scores_single = multi["eval"][name], single["eval"][name]
+    assert scores["num_rows"] == scores_single["num_rows"] == rows
+    assert ("mse" in scores) == mse
+    names = ["spearman", "kendall_tau", "reward_mean", "reward_std"]
+    for metric in names + (["mse"] if mse else []):
+        assert scores[metric] == close_to(scores_single[metric])
+    assert scores.get("objectives", {}).keys() == scores_single.get("objectives", {}).keys()
+    for objective, values in scores.get("objectives", {}).items():
+        assert values.keys() == scores_single["objectives"][objective].keys()
+        for metric, value in values.items():
+            assert value == close_to(scores_single["objectives"][objective][metric])
 
 
 @pytest.mark.parametrize("loss", ["plackett_luce", "mse"])
@@ -272,34 +340,28 @@ def test_two_processes_evaluate_every_ranked_and_score_row_once(group_runs, loss
     """Ranked rows (scored as their pairs) and score rows (group batches of one response) split
     unevenly over the processes: every row once, with the rewards and metrics of one process."""
     single, multi = group_runs[0][loss], group_runs[1][loss]
-    close = dict(rtol=1e-5, atol=1e-5)  # rewards up to ~3 here (the pair test's ~0.5)
     # Ranked rows: 5 rows of 4 responses (6 pairs each) and 2 of 3 (3 pairs each).
-    assert multi["ranked_row_index"] == single["ranked_row_index"] == list(range(36))
-    np.testing.assert_allclose(multi["ranked_chosen"], single["ranked_chosen"], **close)
-    np.testing.assert_allclose(multi["ranked_rejected"], single["ranked_rejected"], **close)
-    ranked, ranked_single = multi["eval"]["ranked"], single["eval"]["ranked"]
-    assert ranked["num_pairs"] == ranked_single["num_pairs"] == 36
-    assert ranked["accuracy"] == ranked_single["accuracy"]
-    assert ranked["ranking"]["num_rows"] == ranked_single["ranking"]["num_rows"] == 7
-    for name in ("spearman", "kendall_tau", "top1_accuracy"):
-        assert ranked["ranking"][name] == pytest.approx(ranked_single["ranking"][name], abs=1e-9)
-    # The run's ranking loss per row, for the Plackett-Luce run only.
-    assert ("loss" in ranked["ranking"]) == ("loss" in ranked_single["ranking"])
-    assert ("loss" in ranked["ranking"]) == (loss == "plackett_luce")
-    if loss == "plackett_luce":
-        assert ranked["ranking"]["loss"] == pytest.approx(
-            ranked_single["ranking"]["loss"], rel=1e-5
-        )
+    assert multi["eval"]["ranked"]["num_pairs"] == 36
+    assert_same_ranked_eval(single, multi, "ranked", loss)
     # Score rows: 13 (7 + 6 over the processes, in batches of 2) and a set of 1 (one process
     # has no row of it).
-    assert multi["score_row_index"] == single["score_row_index"] == list(range(13))
-    np.testing.assert_allclose(multi["score_rewards"], single["score_rewards"], **close)
-    scores, scores_single = multi["eval"]["scores"], single["eval"]["scores"]
-    assert scores["num_rows"] == scores_single["num_rows"] == 13
-    names = ["spearman", "kendall_tau", "reward_mean", "reward_std"]
-    names += ["mse"] if loss == "mse" else []
-    assert ("mse" in scores) == (loss == "mse")
-    for name in names:
-        assert scores[name] == pytest.approx(scores_single[name], abs=1e-5)
-    assert multi["eval"]["one_score"]["num_rows"] == single["eval"]["one_score"]["num_rows"] == 1
-    np.testing.assert_allclose(multi["one_score_rewards"], single["one_score_rewards"], **close)
+    assert_same_score_eval(single, multi, "scores", 13, mse=loss == "mse")
+    assert_same_score_eval(single, multi, "one_score", 1, mse=loss == "mse")
+
+
+def test_two_processes_evaluate_tied_rows_with_the_davidson_loss(group_runs):
+    """Ranked rows with ties (tied responses make no pair) scored by a davidson run: every pair
+    once, and the run's ranking loss per row (ties counted), as one process's."""
+    single, multi = group_runs[0]["davidson"], group_runs[1]["davidson"]
+    assert_same_ranked_eval(single, multi, "tied", "davidson")
+    assert 7 <= multi["eval"]["tied"]["num_pairs"] < 36  # fewer than the 36 without ties
+
+
+def test_two_processes_evaluate_named_scores_per_objective(group_runs):
+    """Named-score rows (every third leaves `length` out) scored by a model.objectives run: one
+    process's rewards, every head output and the metrics of each objective over its rows."""
+    single, multi = group_runs[0]["objectives"], group_runs[1]["objectives"]
+    assert_same_score_eval(single, multi, "named", 13, mse=True)
+    per_objective = multi["eval"]["named"]["objectives"]
+    assert per_objective["quality"]["num_rows"] == 13
+    assert per_objective["length"]["num_rows"] == 9  # 13 less rows 2, 5, 8, 11
