@@ -222,8 +222,11 @@ OFFLOAD_ATTENTION_JOBS = [
 # microbatch, `plan.MIN_MICROBATCH_TOKENS`, because every fast step measured had that many; 1.5B
 # at 2 pairs of 2048, 8k tokens, then reached 61.6% MFU). Less remat on 8k- and 4k-token
 # microbatches against what `auto` picks for the same pairs per update (timed in the same run).
+# 0.5B at 8 x 2048, compiled for a v5e by `rewardax plan`: save_attention as 2 pairs x 4 needs
+# 16.07 GiB (refused; 128-wide residuals save ~0.75 GiB there), as 1 pair x 8 13.55 GiB.
 MICROBATCH_JOBS = [
-    Job("qwen2.5-0.5b", 2048, "pallas", (8,), remat="save_attention", microbatches=4),
+    Job("qwen2.5-0.5b", 2048, "pallas", (8,), remat="save_attention", microbatches=8),
+    Job("qwen2.5-0.5b", 2048, "pallas", (8,), remat="save_attention", microbatches=4, tiles=DENSE),
     Job("qwen2.5-0.5b", 2048, "pallas", (8,), remat="full"),
     Job("smollm2-135m", 2048, "pallas", (16,), remat="save_attention", microbatches=4),
     Job("smollm2-135m", 2048, "pallas", (16,), remat="save_attention", microbatches=2),
