@@ -194,7 +194,7 @@ class ServingModel:
 
     def encode(self, rows: Sequence[Any], where: str = "row") -> list[np.ndarray]:
         """Token ids of each row (scoring rules of `rewardax score`); DataError naming the row."""
-        return [self.encoder.encode(row, f"{where} {i}") for i, row in enumerate(rows)]
+        return self.encoder.encode_many(rows, [f"{where} {i}" for i in range(len(rows))])
 
     def rewards(self, sequences: Sequence[np.ndarray]) -> np.ndarray:
         """Rewards float64 [N] of N sequences, normalised when asked (`score`'s first half)."""
