@@ -23,6 +23,7 @@ from pathlib import Path
 
 import numpy as np
 
+from compare.workloads import rated_sentences  # benchmarks/ is the script's directory
 from rewardax.data import DataConfig
 from rewardax.data.groups import GroupProcessor, response_rows
 from rewardax.models import load_tokenizer, smollm2_gguf_path
@@ -34,15 +35,8 @@ PROMPT = "Write one sentence about a film you saw.\n"
 def ranked_rows(root: Path, n: int, chat: bool) -> list[dict]:
     """n rows of 4 VADER movie sentences ranked by their mean human rating (as `ResponseGroups`
     hands rows to `GroupProcessor`: `responses` and `targets`)."""
-    rated = []
-    for line in (
-        (root / "vader" / "movieReviewSnippets_GroundTruth.txt")
-        .read_text(encoding="utf-8", errors="replace")
-        .splitlines()
-    ):
-        parts = line.strip().split("\t")
-        if len(parts) == 3:
-            rated.append((float(parts[1]), parts[2]))
+    vader = root / "vader" / "movieReviewSnippets_GroundTruth.txt"
+    rated = rated_sentences(vader.read_text(encoding="utf-8", errors="replace"))
     rows = []
     for i in range(n):
         picked = [rated[(4 * i + j) * 7 % len(rated)] for j in range(4)]
