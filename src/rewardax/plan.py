@@ -42,6 +42,7 @@ from rewardax.models.auto import read_architecture
 from rewardax.models.config import ModelConfig
 from rewardax.models.kernels import compute_dtype, remat_candidates, select_kernels
 from rewardax.models.loading import ModelOptions
+from rewardax.models.transformer import remat_fallback
 from rewardax.optim import build_optimizer, build_schedule
 from rewardax.sharding import (
     HOST_MEMORY,
@@ -503,14 +504,18 @@ def alternatives(
     out: list[tuple[str, ...]] = []
     if config.model.remat_policy not in ("full", "offload_attention"):
         out.append(("model.remat_policy=full",))
-    # The shared-prompt branch mask and a sliding window run XLA's attention
-    # (`Kernels.for_layout`): nothing named to offload.
-    splash = (
-        select_kernels(config.model.kernels, "tpu").attention == "splash"
-        and config.data.layout != "shared_prompt"
-        and (arch is None or arch.sliding_window is None)
+    # Only a splash kernel names residuals to offload (not XLA's attention, which the shared-
+    # prompt branch mask and a sliding window run).
+    offloads = (
+        remat_fallback(
+            "offload_attention",
+            select_kernels(config.model.kernels, "tpu"),
+            branches=config.data.layout == "shared_prompt",
+            sliding_window=None if arch is None else arch.sliding_window,
+        )
+        is None
     )
-    if splash and config.model.remat_policy == "full":
+    if offloads and config.model.remat_policy == "full":
         out.append(("model.remat_policy=offload_attention",))
     dp, _, tp = config.mesh.resolve(devices)
     if dp > 1:
