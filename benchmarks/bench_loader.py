@@ -21,19 +21,13 @@ from pathlib import Path
 
 from transformers import AutoTokenizer
 
+from compare.workloads import rated_sentences  # benchmarks/ is the script's directory
 from rewardax.data import DataConfig, PreferenceLoader
 
 
 def vader_pairs(root: Path, n: int) -> list[dict]:
-    rated = []
-    for line in (
-        (root / "vader" / "movieReviewSnippets_GroundTruth.txt")
-        .read_text(encoding="utf-8", errors="replace")
-        .splitlines()
-    ):
-        parts = line.strip().split("\t")
-        if len(parts) == 3:
-            rated.append((float(parts[1]), parts[2]))
+    vader = root / "vader" / "movieReviewSnippets_GroundTruth.txt"
+    rated = rated_sentences(vader.read_text(encoding="utf-8", errors="replace"))
     good = [t for r, t in rated if r >= 1.5]
     bad = [t for r, t in rated if r <= -1.5]
     prompt = "Write one sentence about a film you saw.\n"
