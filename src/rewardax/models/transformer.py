@@ -607,7 +607,8 @@ def remat_policy_fn(name: str) -> Any:
       output and log-sum-exp, named `kernels.ATTENTION_RESIDUALS`), recompute the rest: the
       backward runs no second attention forward, the most expensive part of a layer's forward
       at long rows, for ~(2 x hidden + 2 x kv width) x 2 bytes per token and layer (SmolLM2:
-      3.1 KB). Other attention kernels keep nothing by that name: there it is ``"full"`` (the trainer warns: `remat_fallback`).
+      3.1 KB). Other attention kernels keep nothing by that name: there it is ``"full"`` (the
+      trainer warns: `remat_fallback`).
     - ``"offload_attention"``: the same residuals, moved to the host's memory (``pinned_host``)
       after the layer's forward and brought back for its backward, the rest recomputed: no
       second attention forward for about ``"full"``'s device memory, paid in transfers between
@@ -615,7 +616,8 @@ def remat_policy_fn(name: str) -> Any:
       plan`: 13.40 GiB on the chip and 6.04 GiB on the host, against 23.5 GiB for
       ``"save_attention"`` and 13.74 GiB for ``"full"``); on that chip its step took 1.704 s
       against ``"full"``'s 1.165: the transfers cost more than the recomputed attention. On the
-      CPU both memories are the host's. Like ``"save_attention"``, ``"full"`` with other attention kernels.
+      CPU both memories are the host's. Like ``"save_attention"``, ``"full"`` with other
+      attention kernels.
     """
     if name == "full":
         return None
@@ -644,11 +646,11 @@ def remat_fallback(
     chosen = kernels if isinstance(kernels, Kernels) else select_kernels(kernels)
     if chosen.attention != "splash":
         return f"the attention kernel on this backend is {chosen.attention}, not splash"
+    if chosen.for_layout(branches=branches, sliding_window=sliding_window).attention == "splash":
+        return None
     if branches:
         return "data.layout=shared_prompt runs XLA's attention (the branch mask)"
-    if sliding_window is not None:
-        return "the model's sliding window runs XLA's attention"
-    return None
+    return "the model's sliding window runs XLA's attention"
 
 
 # Decoders with at most this many layers run them unrolled (`Decoder.__call__`).
