@@ -1,6 +1,6 @@
 """TPU throughput of RewardTrainer's jitted step, today's kernels against the backend's (issue 28).
 
-    python benchmarks/tpu_bench.py [--set kernels|remat|remat2|tune|offload|offload_attention|microbatch|defaults] [--budget-s 420] [--steps 8] [--out DIR] [--tiny]
+    python benchmarks/tpu_bench.py [--set kernels|remat|remat2|tune|offload|offload_attention|microbatch|defaults|tree] [--budget-s 420] [--steps 8] [--out DIR] [--tiny]
 
 Random-init models of real shapes (SmolLM2-135M, Qwen2.5-0.5B, Qwen2.5-1.5B), bf16 compute, float32
 parameters and Adam moments (bf16 both for 1.5B), padded rows of exactly T tokens, remat `full`,
@@ -49,6 +49,7 @@ import numpy as np  # noqa: E402
 from flax import nnx  # noqa: E402
 
 import rewardax as rx  # noqa: E402
+from rewardax import data as rdata  # noqa: E402
 from rewardax.models.kernels import Kernels, select_kernels, xla_attention  # noqa: E402
 from rewardax.models.pallas_attention import splash_attention  # noqa: E402
 from rewardax.models.transformer import attention_mask, blocked_attention  # noqa: E402
@@ -693,6 +694,115 @@ def defaults_job(shape: str, length: int, pairs: int, args, rec: Recorder, workd
     gc.collect()
 
 
+# `--set tree`: the same pairs (a prompt of P tokens, two responses of R) as padded rows of P + R
+# tokens (splash, static mask) and as data.layout=shared_prompt rows of P + 2R (the prompt once,
+# the responses as branches): splash on its mask built from the branch ids, then XLA's attention
+# on the same rows (what shared_prompt ran on a TPU before 2026-12-06). (shape, P, R, pairs).
+TREE_JOBS = [
+    ("qwen2.5-0.5b", 1536, 256, 8),
+    ("smollm2-135m", 1536, 256, 16),
+    ("qwen2.5-0.5b", 256, 768, 8),
+]
+
+
+def tree_batches(
+    pairs: int, prompt: int, response: int, config: rx.ModelConfig, seed: int
+) -> dict[str, dict[str, np.ndarray]]:
+    """One batch of `pairs` random pairs sharing a `prompt`-token prefix, in both layouts:
+    {"padded": [pairs, 2, P + R] rows, "shared_prompt": `pack_records`' rows of P + 2R}."""
+    rng = np.random.default_rng(seed)
+    records = []
+    for _ in range(pairs):
+        head = rng.integers(3, config.vocab_size, size=prompt)
+        chosen, rejected = rng.integers(3, config.vocab_size, size=(2, response))
+        rejected[0] = chosen[0] % (config.vocab_size - 3) + 3  # the prefix ends with the prompt
+        records.append(
+            {
+                "chosen_input_ids": np.concatenate([head, chosen]).astype(np.int32),
+                "rejected_input_ids": np.concatenate([head, rejected]).astype(np.int32),
+                "margin": 0.0,
+            }
+        )
+    length = prompt + response
+    ids = np.stack([[r["chosen_input_ids"], r["rejected_input_ids"]] for r in records])
+    padded = {
+        "input_ids": ids,
+        "attention_mask": np.ones((pairs, 2, length), np.int32),
+        "reward_index": np.full((pairs, 2), length - 1, np.int32),
+        "margin": np.zeros((pairs,), np.float32),
+        "pair_mask": np.ones((pairs,), np.float32),
+    }
+    shared = rdata.pack_records(
+        records,
+        0,
+        layout="shared_prompt",
+        batch_size=pairs,
+        row_lengths=(prompt + 2 * response,),
+        row_multiple=jax.device_count(),
+    )
+    return {"padded": padded, "shared_prompt": {k: shared[k] for k in rdata.SHARED_PROMPT_KEYS}}
+
+
+def tree_job(
+    shape: str, prompt: int, response: int, pairs: int, args, rec: Recorder, workdir: str
+) -> None:
+    """`TREE_JOBS`' three rows for one workload: step seconds and pairs/s of the same pairs
+    (remat full, bf16 compute, float32 parameters and moments; tiles: `Kernels`' defaults)."""
+    config = model_config(shape, args.tiny)
+    layouts = [("padded", "pallas"), ("shared_prompt", "pallas"), ("shared_prompt", "xla")]
+    for layout, kernels in layouts:
+        row: dict[str, Any] = {"kind": "train_step", "set": "tree", "shape": shape}
+        row |= {"prompt": prompt, "response": response, "pairs": pairs, "layout": layout}
+        row |= {"kernels": f"{kernels}, {layout}", "remat": "full"}
+        row |= {"T": f"P {prompt} + R {response}", "device": jax.devices()[0].device_kind}
+        if time.monotonic() - START > args.budget_s - args.reserve_s:
+            rec.add({**row, "status": "skipped: budget"})
+            continue
+        trainer = None
+        try:
+            chosen = select_kernels(kernels)
+            row["attention"] = chosen.attention + (" (tree mask)" if layout != "padded" else "")
+            model = rx.RewardModel(
+                config, dtype="bfloat16", remat_policy="full", kernels=chosen, rngs=nnx.Rngs(0)
+            )
+            trainer = rx.RewardTrainer(
+                rx.RewardConfig(
+                    per_device_train_batch_size=pairs,
+                    max_sequence_length=prompt + 2 * response,
+                    layout=layout,
+                    max_training_steps=1000,
+                    save_directory=workdir,
+                    resume="off",
+                    progress_bar=False,
+                    run_name="tpu_bench_tree",
+                    mesh={"dp": 1, "fsdp": -1, "tp": 1},
+                    dtype="bfloat16",
+                    remat_policy="full",
+                ),
+                None,
+                model=model,
+            )
+            del model
+            batches = [
+                global_batch(
+                    tree_batches(pairs * jax.device_count(), prompt, response, config, i)[layout],
+                    trainer.mesh,
+                )
+                for i in range(2)
+            ]
+            time_steps(trainer, batches, 0.0, pairs, prompt + response, row, args)
+            # The computed tokens per step (padding included), not the padded layout's.
+            row["tokens_per_step"] = int(batches[0]["input_ids"].size)
+            for derived in ("tokens_per_s", "mfu"):  # per padded token: not comparable here
+                row.pop(derived, None)
+        except Exception as exc:  # one configuration's failure is a result, not the run's end
+            row["status"] = error_text(exc)
+            traceback.print_exc()
+        rec.add(row)
+        del trainer
+        gc.collect()
+
+
 def random_batch(pairs: int, t: int, config: rx.ModelConfig, seed: int) -> dict[str, np.ndarray]:
     """A padded batch of full rows: chosen and rejected of exactly `t` tokens each."""
     rng = np.random.default_rng(seed)
@@ -727,6 +837,7 @@ def main() -> None:
             "offload_attention",
             "microbatch",
             "defaults",
+            "tree",
         ),
         help="which job list to run",
     )
@@ -749,7 +860,7 @@ def main() -> None:
     kernels = select_kernels("pallas")
     if args.set in ("remat", "remat2"):  # the kernels run's best (benchmarks/README.md, 12-05)
         kernels = dataclasses.replace(kernels, block_q=512, block_kv=512, fused_backward=True)
-    elif args.set in ("offload", "offload_attention", "microbatch", "defaults"):  # default tiles
+    elif args.set in ("offload", "offload_attention", "microbatch", "defaults", "tree"):
         pass
     else:
         try:
@@ -767,6 +878,7 @@ def main() -> None:
         "offload_attention": OFFLOAD_ATTENTION_JOBS,
         "microbatch": MICROBATCH_JOBS,
         "defaults": [],
+        "tree": [],
     }
     jobs = sets[args.set]
     if args.tiny:
@@ -777,6 +889,14 @@ def main() -> None:
         )
     if args.jobs:
         jobs = [jobs[int(i)] for i in args.jobs.split(",")]
+    if args.set == "tree":
+        with tempfile.TemporaryDirectory() as workdir:
+            for shape, prompt, response, pairs in TREE_JOBS:
+                if args.tiny:
+                    prompt, response, pairs = 64, 32, 2
+                tree_job(shape, prompt, response, pairs, args, rec, workdir)
+        print(rec.table(), flush=True)
+        return
     if args.set == "defaults":
         with tempfile.TemporaryDirectory() as workdir:
             for shape, length, pairs in DEFAULT_JOBS:

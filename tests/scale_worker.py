@@ -47,6 +47,7 @@ from rewardax import distributed  # noqa: E402
 from rewardax.pair_scoring import PairRewards  # noqa: E402
 from rewardax.sharding import bytes_per_device  # noqa: E402
 from rewardax.steps import make_train_step  # noqa: E402
+from rewardax.trainer import _model_inputs  # noqa: E402
 
 jax.config.update("jax_cpu_collectives_implementation", "gloo")
 
@@ -215,9 +216,27 @@ def case_splash_mesh_parity() -> dict:
     return mesh_parity(model, "splash", name="sgd", learning_rate=0.3)
 
 
-def mesh_parity(model: rx.RewardModel, run_name: str, **settings) -> dict:
+def case_splash_tree_mesh_parity() -> dict:
+    """The same on the shared-prompt layout: the splash kernel's mask is built per row from the
+    branch ids, which shard_map splits with the rows."""
+    model = tiny_model(hidden=128, mlp=64, kernels="pallas")
+    rows = [{"prompt": "tell me about it", **row} for row in pairs(64)]
+    return mesh_parity(
+        model,
+        "splash_tree",
+        rows=rows,
+        name="sgd",
+        learning_rate=0.05,
+        layout="shared_prompt",
+        max_sequence_length=32,
+    )
+
+
+def mesh_parity(
+    model: rx.RewardModel, run_name: str, rows: list[dict] | None = None, **settings
+) -> dict:
     tok = tiny_tokenizer()
-    rows = pairs(64)
+    rows = pairs(64) if rows is None else rows
     trainer = rx.RewardTrainer(
         make_config({"dp": 2, "fsdp": 2, "tp": 2}, run_name=run_name, **settings),
         tok,
@@ -245,8 +264,7 @@ def mesh_parity(model: rx.RewardModel, run_name: str, **settings) -> dict:
     )
     reference = []
     for _, batch in zip(range(5), loader, strict=False):
-        inputs = {k: batch[k] for k in ("input_ids", "attention_mask", "reward_index")}
-        inputs.update(margin=batch["margin"], pair_mask=batch["pair_mask"])
+        inputs = _model_inputs(batch)  # the layout's keys, as the trainer gives its step
         arrays, metrics = step(arrays, jax.device_put(inputs, jax.devices()[0]))
         reference.append(float(metrics["loss"]))
     one, many = leaves(arrays["params"]), leaves(trainer.state.params)
@@ -503,6 +521,7 @@ def case_train_distributed_groups() -> dict:
 CASES = {
     "mesh_parity": case_mesh_parity,
     "splash_mesh_parity": case_splash_mesh_parity,
+    "splash_tree_mesh_parity": case_splash_tree_mesh_parity,
     "memory": case_memory,
     "reshard": case_reshard,
     "train_distributed": case_train_distributed,

@@ -2,7 +2,8 @@
 
 Splash attention (`models.pallas_attention`) runs here in Pallas' interpret mode, so CI checks the
 very kernel a TPU compiles, on every layout it takes: causal, grouped-query heads, right and left
-padding, packed rows (segment ids), rows whose length is not a multiple of the tile, head width 64.
+padding, packed rows (segment ids), the shared-prompt tree and sliding windows (a dynamic mask),
+rows whose length is not a multiple of the tile, head width 64.
 Reference: `transformer.attend` (today's CPU attention) on `transformer.attention_mask`.
 Tolerances: float32 inputs 1e-5 (forward and gradients, absolute, on values of order 1); bfloat16
 inputs 2e-2 relative to the largest magnitude (both sides round the probabilities to bf16, in a
@@ -21,7 +22,12 @@ from flax import nnx
 
 from rewardax.errors import ConfigError
 from rewardax.models import ModelConfig, RewardModel
-from rewardax.models.kernels import select_kernels, traced_under, xla_attention
+from rewardax.models.kernels import (
+    ATTENTION_RESIDUALS,
+    select_kernels,
+    traced_under,
+    xla_attention,
+)
 from rewardax.models.pallas_attention import splash_attention
 from rewardax.models.transformer import attend, attention_mask
 
@@ -121,6 +127,113 @@ def test_splash_attention_matches_cpu_attention_float32(layout, t):
     assert np.all(np.asarray(got[0])[np.asarray(seg) == 0] == 0)
 
 
+def _tree_ids(t: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Segment, branch and position ids [N, T] of shared-prompt rows (`pack_groups`' layout):
+    row 0 a group of two responses and one of three, then padding; row 1 left padding, then a
+    group of two. Branch positions continue from the prompt's."""
+    seg, branch, pos = (np.zeros((N, t), np.int32) for _ in range(3))
+    groups = [(0, 0, [30, 40, 30]), (0, 100, [20, 30, 20, 15]), (1, 10, [50, 70, t - 130])]
+    for s, (row, start, sizes) in enumerate(groups, start=1):
+        prompt = sizes[0]
+        seg[row, start : start + sum(sizes)] = s
+        pos[row, start : start + prompt] = np.arange(prompt)
+        at = start + prompt
+        for b, size in enumerate(sizes[1:], start=1):
+            branch[row, at : at + size] = b
+            pos[row, at : at + size] = prompt + np.arange(size)
+            at += size
+    return seg, branch, pos
+
+
+@pytest.mark.parametrize(
+    "mask, dtype",
+    [
+        ("branches", jnp.float32),
+        ("window", jnp.float32),
+        ("branches+window", jnp.float32),
+        ("branches", jnp.bfloat16),
+    ],
+)
+@pytest.mark.parametrize("fused_backward", [False, True])
+def test_splash_attention_on_the_shared_prompt_tree_and_a_window(mask, dtype, fused_backward):
+    """Branch ids (a shared prompt seen by each of its responses, a response by no sibling) and a
+    sliding window over positions: the kernel's dynamic mask against the CPU attention on
+    `attention_mask`, rows of 200 tokens (256 inside)."""
+    t = 200
+    q, k, v, cot = _inputs(t, dtype, seed=4)
+    seg, branch, pos = (jnp.asarray(a) for a in _tree_ids(t))
+    if mask == "window":  # packed rows, no branches: positions restart per segment
+        packed = _segments("packed", t)
+        starts = np.maximum.accumulate(
+            np.where(np.diff(packed, prepend=-1, axis=-1) != 0, np.arange(t), 0), axis=-1
+        )
+        seg, pos = jnp.asarray(packed), jnp.asarray(np.arange(t) - starts)
+    branch_ids = None if mask == "window" else branch
+    window = 24 if "window" in mask else None
+    scale = 1.0 / np.sqrt(D)
+    got = _value_and_grads(
+        lambda q, k, v: splash_attention(
+            q,
+            k,
+            v,
+            seg,
+            scale,
+            block_q=128,
+            block_kv=128,
+            fused_backward=fused_backward,
+            interpret=True,
+            branch_ids=branch_ids,
+            positions=pos,
+            sliding_window=window,
+        ),
+        q,
+        k,
+        v,
+        cot,
+    )
+    rule = attention_mask(seg, pos, branch_ids, window)
+
+    def reference(q, k, v):
+        qh = q.reshape(N, t, K, H // K, D).transpose(0, 2, 3, 1, 4)
+        out = attend(qh, k.transpose(0, 2, 1, 3), v.transpose(0, 2, 1, 3), rule, scale)
+        return out.transpose(0, 3, 1, 2, 4).reshape(N, t, H, D)
+
+    want = _value_and_grads(reference, q, k, v, cot)
+    _assert_close(got, want, dtype)
+    assert np.all(np.asarray(got[0])[np.asarray(seg) == 0] == 0)
+    # Control: the rule matters here (the causal rule within segments alone differs).
+    plain = _value_and_grads(lambda q, k, v: _reference(q, k, v, seg, scale), q, k, v, cot)
+    assert np.abs(np.asarray(plain[0]) - np.asarray(want[0])).max() > 0.1
+
+
+def test_tree_masks_are_rebuilt_not_kept_by_save_attention():
+    """Under remat "save_attention" the splash kernel's dynamic mask (bool, a [T, T] per row and
+    layer) is not among the kept residuals; q, k, v, the output and log-sum-exp are. The
+    gradient equals the one without remat."""
+    t = 200
+    q, k, v, cot = _inputs(t, jnp.float32, seed=5)
+    seg, branch, _ = (jnp.asarray(a) for a in _tree_ids(t))
+
+    def attention(q, k, v):
+        out = splash_attention(
+            q, k, v, seg, 0.125, block_q=128, block_kv=128, interpret=True, branch_ids=branch
+        )
+        return jnp.sum(out * cot)
+
+    policy = jax.checkpoint_policies.save_only_these_names(ATTENTION_RESIDUALS)
+    kept = jax.checkpoint(attention, policy=policy)
+    named = [
+        e.outvars[0].aval.dtype
+        for e in _equations(jax.make_jaxpr(jax.grad(kept, (0, 1, 2)))(q, k, v).jaxpr)
+        if e.primitive.name == "name"
+    ]
+    assert jnp.float32 in named and jnp.bool_ not in named, named
+    for a, b in zip(
+        jax.grad(kept, (0, 1, 2))(q, k, v), jax.grad(attention, (0, 1, 2))(q, k, v), strict=True
+    ):
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=F32_TOLERANCE, rtol=0)
+
+
 @pytest.mark.parametrize("fused_backward", [False, True])
 def test_splash_attention_with_its_own_backward_tiles(fused_backward):
     """Forward tiles 256 x 256 computed 128 keys at a time, backward tiles 128 x 256, on rows of
@@ -202,10 +315,6 @@ def test_select_kernels_by_backend_and_override():
     assert (gpu.attention, gpu.written_projection_backward) == ("xla", False)
     assert select_kernels("xla", "cpu").attention == "xla"
     assert select_kernels("pallas", "cpu").interpret  # off a TPU: interpret mode
-    # Layouts the splash kernel cannot express run the XLA attention.
-    assert tpu.for_layout(branches=True, sliding_window=None).attention == "xla"
-    assert tpu.for_layout(branches=False, sliding_window=64).attention == "xla"
-    assert tpu.for_layout(branches=False, sliding_window=None).attention == "splash"
     with pytest.raises(ConfigError, match="kernels="):
         select_kernels("flash")
     with pytest.raises(ConfigError, match="kernels="):

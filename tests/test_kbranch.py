@@ -167,14 +167,20 @@ def test_several_groups_per_row(model, k):
 
 
 @pytest.mark.parametrize(
-    "kernels, arch", [("cpu", "llama"), ("xla", "llama"), ("pallas", "llama"), ("cpu", "mistral")]
+    "kernels, arch",
+    [
+        ("cpu", "llama"),
+        ("xla", "llama"),
+        ("pallas", "llama"),
+        ("cpu", "mistral"),
+        ("pallas", "mistral"),
+    ],
 )
 def test_groups_of_unequal_size_under_every_attention(kernels, arch):
     """Groups of 1 to 4 responses in a K = 4 batch with padding groups, on each attention
-    implementation. `pallas` (splash) cannot express the branch mask: `Kernels.for_layout` runs
-    `xla_attention` for a batch with branch ids, so the rewards are still exact. Mistral's
-    sliding window (4 positions in the tiny config) counts positions, which continue from the
-    prompt in every branch: the same keys as alone."""
+    implementation (`pallas`: the splash kernel in interpret mode, on a mask it builds from the
+    branch ids). Mistral's sliding window (4 positions in the tiny config) counts positions,
+    which continue from the prompt in every branch: the same keys as alone."""
     model = unit_model(kernels, arch)
     groups = random_groups(3, [1, 2, 3, 4, 2, 4])
     # A response that is a prefix of a sibling: the prompt stops one token short of its end.

@@ -78,7 +78,7 @@ class ModelSection(Section):
     runs no second attention forward) and recomputes the rest, `offload_attention` keeps the same
     in host memory (about `full`'s device memory, plus transfers; 1.12-1.46x `full`'s step on a
     v5e chip, so not tried by `auto`); both act as `full` where no splash kernel runs (CPU, GPU,
-    data.layout=shared_prompt, sliding-window models), with a warning. `auto`: `none` on a CPU; on a TPU
+    kernels other than `pallas`), with a warning. `auto`: `none` on a CPU; on a TPU
     or GPU the first of none, save_attention (with splash attention), full whose compiled train
     step fits the device's memory, each tried on the whole batch and then on the pairs per device
     split into up to 8 microbatches (padded layout; the pairs per update stay the same)

@@ -488,15 +488,12 @@ def _same_auto(other: RewardConfig, resolved: RewardConfig) -> RewardConfig:
     return other
 
 
-def alternatives(
-    config: RewardConfig, devices: int, arch: ModelConfig | None = None
-) -> list[tuple[str, ...]]:
+def alternatives(config: RewardConfig, devices: int) -> list[tuple[str, ...]]:
     """Settings that lower a job's memory per chip, one change each, the cheapest in speed first:
     remat of every block; once remat is `full`, the splash attention kernel's residuals kept in
     host memory instead (`offload_attention`: 2-3% less HBM than `full`, for steps 1.12-1.46x
     `full`'s on a v5e chip, benchmarks/results/tpu_v5e_2026-12-06c_offload_attention.md, so
-    never offered over `full`; not where ``arch``'s sliding window or the shared-prompt layout
-    run XLA's attention); the data-parallel devices turned into fsdp (parameters and optimizer
+    never offered over `full`; not with kernels that run no splash attention); the data-parallel devices turned into fsdp (parameters and optimizer
     state split across them), the optimizer state in host memory, the float32 parameters there
     too (a bfloat16 copy on the chip), bfloat16 parameters and moments, LoRA of rank 16 on a
     bfloat16 base, half the pairs per device with twice the accumulation (the same pairs per
@@ -504,18 +501,9 @@ def alternatives(
     out: list[tuple[str, ...]] = []
     if config.model.remat_policy not in ("full", "offload_attention"):
         out.append(("model.remat_policy=full",))
-    # Only a splash kernel names residuals to offload (not XLA's attention, which the shared-
-    # prompt branch mask and a sliding window run).
-    offloads = (
-        remat_fallback(
-            "offload_attention",
-            select_kernels(config.model.kernels, "tpu"),
-            branches=config.data.layout == "shared_prompt",
-            sliding_window=None if arch is None else arch.sliding_window,
-        )
-        is None
-    )
-    if offloads and config.model.remat_policy == "full":
+    # Only a splash kernel names residuals to offload.
+    no_offload = remat_fallback("offload_attention", select_kernels(config.model.kernels, "tpu"))
+    if no_offload is None and config.model.remat_policy == "full":
         out.append(("model.remat_policy=offload_attention",))
     dp, _, tp = config.mesh.resolve(devices)
     if dp > 1:
@@ -577,7 +565,7 @@ def plan(
     suggestions: list[Compiled] = []
     tried_any = suggest and rebuild is not None and compiled.memory.hbm > limit * GIB
     if tried_any:
-        changes = alternatives(config, len(devices), arch)
+        changes = alternatives(config, len(devices))
         # Then the full fine-tuning savers together (offload and LoRA exclude each other; the
         # offloaded attention residuals are a remat policy, as `full` is).
         on_chip = [c for c in changes if not any("offload" in x or "lora" in x for x in c)]

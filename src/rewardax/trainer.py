@@ -258,12 +258,7 @@ class RewardTrainer:
         splash kernel runs (it then recomputes every block: remat full's speed and memory)."""
         model = self.state.model
         policy = model.model.remat_policy
-        why = remat_fallback(
-            policy,
-            model.kernels,
-            branches=self.config.data.layout == "shared_prompt",
-            sliding_window=self.model_config.sliding_window,
-        )
+        why = remat_fallback(policy, model.kernels)
         if why is not None:
             warnings.warn(
                 f"model.remat_policy={policy} keeps what the splash attention kernel saves, but "

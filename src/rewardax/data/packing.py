@@ -42,9 +42,8 @@ prefix of all its responses' sequences, each keeping at least its last token) on
 k as branch k + 1, positions continuing from the prompt's end. The model's mask rule is the same
 (a response sees the prompt and itself, never a sibling), so each reward equals that of the
 response encoded alone; shared_prompt is the case K = 2 (branch 1 chosen, 2 rejected). Every
-attention implementation takes branch ids: `cpu` and `xla` through `transformer.attention_mask`;
-the splash kernel cannot express the tree, so a batch with branch ids runs `xla_attention` there
-(`Kernels.for_layout`).
+attention implementation takes branch ids: `cpu` and `xla` through `transformer.attention_mask`,
+the splash kernel through a mask it builds from them on the device (`models.pallas_attention`).
   input_ids, segment_ids, positions  [R, T] as above (one segment per group).
   branch_ids        int32   [R, T]  0 prompt (and padding), k + 1 response k of its group.
   reward_positions  int32   [R, S]  index in the row of each reward token; unused slots 0.

@@ -15,10 +15,10 @@ bf16 projections took 1.79 ms where `mixed_matmuls` took 2.28 ms, and the blocke
 | `pallas` | ``x @ w``, autodiff       | `pallas_attention.splash_attention` (TPU kernel)    |
 
 `auto` (the default) is `cpu` on the CPU backend, `pallas` on a TPU and `xla` elsewhere (GPUs).
-The splash kernel covers causal attention within segments (padding, packed rows, GQA); layouts it
-cannot express (the shared-prompt branch mask, Mistral's sliding window) run `xla_attention`
-(`Kernels.for_layout`). Off a TPU, `pallas` runs the kernel in Pallas' interpret mode: slow, for
-tests only.
+The splash kernel covers every layout: causal attention within segments (padding, packed rows,
+GQA) with a static mask, the shared-prompt branch mask and Mistral's sliding window with a mask
+built on the device per row (`pallas_attention`). Off a TPU, `pallas` runs the kernel in Pallas'
+interpret mode: slow, for tests only.
 """
 
 from __future__ import annotations
@@ -97,13 +97,6 @@ class Kernels:
         if self.float32_precision is None or jnp.dtype(matmul_dtype) != jnp.float32:
             return contextlib.nullcontext()
         return jax.default_matmul_precision(self.float32_precision)
-
-    def for_layout(self, *, branches: bool, sliding_window: int | None) -> Kernels:
-        """The choice for one batch layout: splash expresses causal attention within segments
-        only, so the shared-prompt branch mask and a sliding window run `xla_attention`."""
-        if self.attention == "splash" and (branches or sliding_window is not None):
-            return dataclasses.replace(self, attention="xla")
-        return self
 
 
 def select_kernels(setting: str = "auto", backend: str | None = None) -> Kernels:
@@ -199,7 +192,11 @@ def traced_under(
         with jax.default_matmul_precision(precision):
             out, vjp_fn = jax.vjp(fn, *args)
         if name is not None:
-            out, vjp_fn = jax.tree.map(lambda a: mark(a, name), (out, vjp_fn))
+            # Masks (bool: the splash kernel's dynamic mask tiles) stay unnamed: remat rebuilds
+            # them from the token ids, where keeping them would cost a [T, T] per row and layer.
+            out, vjp_fn = jax.tree.map(
+                lambda a: a if jnp.result_type(a) == jnp.bool_ else mark(a, name), (out, vjp_fn)
+            )
         return out, vjp_fn
 
     def backward(vjp_fn, cotangent):

@@ -1,12 +1,21 @@
-"""Causal attention within segments through JAX's Pallas splash attention kernel (TPU).
+"""rewardax's attention rule (`transformer.attention_mask`) through JAX's Pallas splash attention
+kernel (TPU).
 
 `jax.experimental.pallas.ops.tpu.splash_attention` runs flash attention tile by tile and skips
 the tiles its mask rules out: for causal rows of T tokens, about half of the [T, T] score matrix.
 It takes grouped-query attention as it is (query head h reads key/value head h // G, the head
-order of `transformer.Attention`), so k and v are not repeated to every query head. Padding and
-packed rows are its segment ids: a query sees the keys of its own segment (rewardax's segment 0,
-padding, included: those queries' outputs are zeroed afterwards, as `transformer.attend` gives a
-padding query zeros).
+order of `transformer.Attention`), so k and v are not repeated to every query head.
+
+Two masks, by layout:
+- padded and packed rows: a static causal mask and the segment ids (a query sees the keys of its
+  own segment). The kernel's mask tables are built once, at trace time.
+- the shared-prompt tree (branch ids) and sliding windows: segment equality cannot say "the
+  prompt is seen by every branch", so each row's [T, T] mask is built on the device from its ids
+  and given to the kernel as a dynamic mask (`_row_mask`): a bool [T, T] per row (4 MiB at 2048
+  tokens), of which the kernel reads only the tiles that are neither all-True nor all-False, and
+  skips the all-False ones (on the tree, a branch's tiles against its siblings').
+In both, rewardax's segment 0 (padding) sees padding: those queries' outputs are zeroed
+afterwards, as `transformer.attend` gives a padding query zeros, and no query row is empty.
 
 Example (Qwen2.5-0.5B heads, 14 query and 2 key/value heads of 64)::
 
@@ -77,10 +86,11 @@ def splash_block_sizes(
 
 
 def _per_shard(kernel, heads: int, kv_heads: int):
-    """``kernel`` as is on one device; on a mesh (the context's, `sharding.traced_in_mesh`) run
-    per shard under ``shard_map``, since XLA cannot partition a Mosaic kernel: rows split over
-    the data-parallel axes as the batch is, heads over ``tp`` when both head counts divide by it
-    (else every ``tp`` device computes all heads of its rows)."""
+    """``kernel(q, k, v, ids)`` as is on one device; on a mesh (the context's,
+    `sharding.traced_in_mesh`) run per shard under ``shard_map``, since XLA cannot partition a
+    Mosaic kernel: rows (and ``ids`` [N, ..., T]) split over the data-parallel axes as the batch
+    is, heads over ``tp`` when both head counts divide by it (else every ``tp`` device computes
+    all heads of its rows)."""
     mesh = jax.sharding.get_abstract_mesh()
     if mesh.empty or mesh.size == 1:
         return kernel
@@ -91,10 +101,42 @@ def _per_shard(kernel, heads: int, kv_heads: int):
     return jax.shard_map(
         kernel,
         mesh=mesh,
-        in_specs=(qkv, qkv, qkv, PartitionSpec(batch, None)),
+        in_specs=(qkv, qkv, qkv, PartitionSpec(batch)),
         out_specs=qkv,
         check_vma=False,
     )
+
+
+def _row_mask(ids: jax.Array, sliding_window: int | None) -> jax.Array:
+    """bool [1, T, T] for one row of ids [3, T] (segment, branch, position): query i sees key j
+    iff j <= i, same segment, the key's branch is 0 or the query's, and (with a window) their
+    positions differ by less than ``sliding_window``: `transformer.attention_mask`, except that
+    padding (segment 0) sees padding."""
+    segment, branch, position = ids[0], ids[1], ids[2]
+    t = segment.shape[0]
+    seen = jnp.arange(t)[None, :] <= jnp.arange(t)[:, None]
+    seen &= segment[:, None] == segment[None, :]
+    seen &= (branch[None, :] == 0) | (branch[None, :] == branch[:, None])
+    if sliding_window is not None:
+        seen &= position[:, None] - position[None, :] < sliding_window
+    return seen[None]
+
+
+def _dynamic_mask_kernel(
+    mask: jax.Array, sizes: splash.BlockSizes, interpret: bool
+) -> splash.SplashAttentionKernel:
+    """The splash kernel for a mask computed on the device (bool [1, T, T]: every head's)."""
+    kernel = splash.make_splash_mha(
+        mask, block_sizes=sizes, head_shards=1, q_seq_shards=1, interpret=interpret
+    )
+    # make_splash_mha turns every field of its mask tables into an array, the flag that says the
+    # mask is dynamic too: traced here, and `SplashAttentionKernel.__call__` branches on it in
+    # Python (only to name a scope). The tables themselves are complete without it.
+    for field in ("fwd_mask_info", "dq_mask_info", "dkv_mask_info"):
+        info = getattr(kernel, field)
+        if info is not None:
+            setattr(kernel, field, info._replace(is_dynamic_mask=None))
+    return kernel
 
 
 def splash_attention(
@@ -112,8 +154,11 @@ def splash_attention(
     bwd_block_q: int | None = None,
     bwd_block_kv: int | None = None,
     dense_residuals: bool = False,
+    branch_ids: jax.Array | None = None,
+    positions: jax.Array | None = None,
+    sliding_window: int | None = None,
 ) -> jax.Array:
-    """Causal softmax attention within segments.
+    """Causal softmax attention within segments (and branches, and a window).
 
     Args:
       q: [N, T, H, D] queries; k, v: [N, T, K, D] with H a multiple of K (grouped queries).
@@ -121,6 +166,10 @@ def splash_attention(
       segment_ids: int [N, T]; a query sees the keys at or before it with its segment id;
         0 marks padding (its queries get zeros).
       scale: the logits' factor (1/sqrt(D)), applied to q before the kernel.
+      branch_ids: int [N, T] or None: a key of branch b > 0 is seen only by queries of branch b,
+        branch 0 (a shared prompt) by every branch (`data.packing.pack_groups`).
+      positions, sliding_window: with a window, a query sees only keys whose position is less
+        than ``sliding_window`` before its own (positions int [N, T] required).
       block_q, block_kv: the kernel's tiles (multiples of 128); rows are padded to a multiple
         of both.
       fused_backward: one backward kernel for dq, dk and dv instead of two.
@@ -148,17 +197,42 @@ def splash_attention(
     )
     # Scaled in float32 then rounded once; exact for head widths of 4**i (1/8 for 64).
     q = (q.astype(jnp.float32) * scale).astype(q.dtype)
-    segment_ids = segment_ids.astype(jnp.int32)
+    if sliding_window is not None and sliding_window >= t:
+        # Positions in a row differ by less than its length (they never advance faster than
+        # the index), so such a window rules nothing out.
+        sliding_window = None
+    if sliding_window is not None and positions is None:
+        raise ValueError("a sliding window needs the tokens' positions")
+    tree = branch_ids is not None or sliding_window is not None
+    # ids [N, T] (segments), or [N, 3, T] (segments, branches, positions) for a dynamic mask.
+    ids = segment_ids.astype(jnp.int32)
+    if tree:
+        zeros = jnp.zeros_like(ids)
+        ids = jnp.stack(
+            [
+                ids,
+                zeros if branch_ids is None else branch_ids.astype(jnp.int32),
+                zeros if positions is None else positions.astype(jnp.int32),
+            ],
+            axis=1,
+        )
     if t_pad != t:
         # The tail is padding (segment 0): no real query sees it, its outputs are cut off.
         widths = ((0, 0), (0, t_pad - t), (0, 0), (0, 0))
         q, k, v = (jnp.pad(a, widths) for a in (q, k, v))
-        segment_ids = jnp.pad(segment_ids, ((0, 0), (0, t_pad - t)))
+        ids = jnp.pad(ids, [(0, 0)] * (ids.ndim - 1) + [(0, t_pad - t)])
 
-    def rows(q, k, v, segment_ids):  # [N, H, T, D], [N, K, T, D], [N, K, T, D], [N, T]
+    def rows(q, k, v, ids):  # [N, H, T, D], [N, K, T, D], [N, K, T, D], [N, (3,) T]
         # The kernel (its mask tables are arrays) is made here, inside `traced_under`'s trace:
         # a custom_vjp function must not close over arrays of the trace around it. Under
         # shard_map, q holds this device's heads.
+        if tree:
+
+            def one_tree_row(q_row, k_row, v_row, ids_row):  # ids_row [3, T]
+                kernel = _dynamic_mask_kernel(_row_mask(ids_row, sliding_window), sizes, interpret)
+                return kernel(q_row, k_row, v_row)
+
+            return jax.vmap(one_tree_row)(q, k, v, ids)
         heads = q.shape[1]
         mask = splash_mask.MultiHeadMask([splash_mask.CausalMask((t_pad, t_pad))] * heads)
         kernel = splash.make_splash_mha(
@@ -168,13 +242,11 @@ def splash_attention(
         def one_row(q_row, k_row, v_row, seg_row):  # [H, T, D], [K, T, D], [K, T, D], [T]
             return kernel(q_row, k_row, v_row, splash.SegmentIds(q=seg_row, kv=seg_row))
 
-        return jax.vmap(one_row)(q, k, v, segment_ids)
+        return jax.vmap(one_row)(q, k, v, ids)
 
     heads_major = lambda a: a.transpose(0, 2, 1, 3)  # noqa: E731  [N, T, *, D] -> [N, *, T, D]
     precision = "highest" if q.dtype == jnp.float32 else "default"
     kept = traced_under(precision, rows, ATTENTION_RESIDUALS, dense=dense_residuals)
-    out = _per_shard(kept, h, k.shape[2])(
-        heads_major(q), heads_major(k), heads_major(v), segment_ids
-    )
+    out = _per_shard(kept, h, k.shape[2])(heads_major(q), heads_major(k), heads_major(v), ids)
     out = heads_major(out)[:, :t]
-    return jnp.where((segment_ids[:, :t] != 0)[:, :, None, None], out, jnp.zeros_like(out))
+    return jnp.where((segment_ids != 0)[:, :, None, None], out, jnp.zeros_like(out))

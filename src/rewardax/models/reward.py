@@ -14,7 +14,7 @@ from rewardax.errors import ConfigError
 from rewardax.models.config import ModelConfig
 from rewardax.models.hf import save_pretrained
 from rewardax.models.kernels import KERNEL_SETTINGS, Kernels, compute_dtype, select_kernels
-from rewardax.models.transformer import Decoder, Projection
+from rewardax.models.transformer import Decoder, Projection, SplashIds
 from rewardax.models.transformer import attention_mask as build_attention_mask
 
 
@@ -189,11 +189,9 @@ class RewardModel(nnx.Module):
             segment_ids = attention_mask
         chosen = self.kernels
         kernels = chosen if isinstance(chosen, Kernels) else select_kernels(chosen)
-        kernels = kernels.for_layout(
-            branches=branch_ids is not None, sliding_window=self.config.sliding_window
-        )
-        if kernels.attention == "splash":  # causal within segments: the ids are the mask
-            mask = segment_ids
+        if kernels.attention == "splash":  # the kernel builds the mask from the ids
+            window = self.config.sliding_window is not None
+            mask = SplashIds(segment_ids, branch_ids, positions if window else None)
         else:
             mask = build_attention_mask(
                 segment_ids, positions, branch_ids, self.config.sliding_window

@@ -21,7 +21,7 @@ import functools
 import itertools
 import math
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -296,6 +296,16 @@ def attention_mask(
     return mask
 
 
+class SplashIds(NamedTuple):
+    """What the splash kernel builds `attention_mask`'s rule from (`Attention` with
+    ``kernels.attention == "splash"``): int [N, T] each; ``branch_ids`` for a shared prompt,
+    ``positions`` for a model with a sliding window, else None."""
+
+    segment_ids: jax.Array
+    branch_ids: jax.Array | None = None
+    positions: jax.Array | None = None
+
+
 # Rows longer than this many tokens are attended in query blocks of at most this size.
 ATTENTION_QUERY_BLOCK = 256
 
@@ -451,6 +461,7 @@ class Attention(nnx.Module):
             self.q_norm = None
             self.k_norm = None
         self.num_heads, self.num_kv_heads, self.head_dim = h, k, d
+        self.sliding_window = config.sliding_window
 
     def __call__(
         self, x: jax.Array, cos: jax.Array, sin: jax.Array, mask: jax.Array, kernels: Kernels
@@ -458,7 +469,7 @@ class Attention(nnx.Module):
         """x [N, T, E]; cos/sin [N, T, D] -> [N, T, E] in x's dtype.
 
         ``mask``: bool [N, T, T] (`attention_mask`), or for ``kernels.attention == "splash"``
-        the int segment ids [N, T] (causal within segments, 0 = padding).
+        the `SplashIds` the kernel builds the same rule from.
         """
         n, t, _ = x.shape
         written = kernels.written_projection_backward
@@ -476,7 +487,7 @@ class Attention(nnx.Module):
                 q.astype(md),
                 k.astype(md),
                 v.astype(md),
-                mask,
+                mask.segment_ids,
                 scale,
                 block_q=kernels.block_q,
                 block_kv=kernels.block_kv,
@@ -486,6 +497,9 @@ class Attention(nnx.Module):
                 bwd_block_q=kernels.bwd_block_q,
                 bwd_block_kv=kernels.bwd_block_kv,
                 dense_residuals=kernels.dense_residuals,
+                branch_ids=mask.branch_ids,
+                positions=mask.positions,
+                sliding_window=self.sliding_window,
             )
             return self.o_proj(out.astype(x.dtype), written)
         if kernels.attention == "xla":
@@ -635,22 +649,16 @@ def remat_policy_fn(name: str) -> Any:
     raise ConfigError(f"remat_policy={name!r} is not one of {', '.join(REMAT_POLICIES)}.")
 
 
-def remat_fallback(
-    policy: str, kernels: Kernels | str, *, branches: bool, sliding_window: int | None
-) -> str | None:
+def remat_fallback(policy: str, kernels: Kernels | str) -> str | None:
     """Why ``policy`` acts as ``"full"`` for a run, or None when it does not: ``"save_attention"``
     and ``"offload_attention"`` keep what the splash kernel names (`ATTENTION_RESIDUALS`), and
-    no other attention kernel names anything (``branches``: the shared-prompt layout)."""
+    no other attention kernel names anything."""
     if policy not in ("save_attention", "offload_attention"):
         return None
     chosen = kernels if isinstance(kernels, Kernels) else select_kernels(kernels)
     if chosen.attention != "splash":
         return f"the attention kernel on this backend is {chosen.attention}, not splash"
-    if chosen.for_layout(branches=branches, sliding_window=sliding_window).attention == "splash":
-        return None
-    if branches:
-        return "data.layout=shared_prompt runs XLA's attention (the branch mask)"
-    return "the model's sliding window runs XLA's attention"
+    return None
 
 
 # Decoders with at most this many layers run them unrolled (`Decoder.__call__`).
@@ -718,7 +726,7 @@ class Decoder(nnx.Module):
         dropout_rng: jax.Array | None = None,
     ) -> jax.Array:
         """input_ids int [N, T]; positions int [N, T]; mask bool [N, T, T] (`attention_mask`),
-        or the int segment ids [N, T] when ``kernels.attention == "splash"`` -> hidden [N, T, E].
+        or `SplashIds` when ``kernels.attention == "splash"`` -> hidden [N, T, E].
         ``kernels``: the formulation of projections and attention (`rewardax.models.kernels`;
         None = the CPU one).
 
