@@ -439,18 +439,22 @@ def test_a_tiny_model_trains_with_each_group_loss(tokenizer, tmp_path, loss):
     assert np.abs(after - before).max() > 1e-4
 
 
-def train_in_both_layouts(tokenizer, tmp_path, data, new_model, **settings):
+def train_in_both_layouts(tokenizer, tmp_path, data, new_model, accumulation=1, **settings):
     """Three steps on `data` in data.layout=padded and shared_prompt (the same batches: no length
     grouping), each from `new_model()`; asserts the same losses and parameters, and fewer
-    computed tokens in shared_prompt."""
+    computed tokens in shared_prompt. ``accumulation``: shared_prompt's 4 groups a step as that
+    many microbatches (padded takes them at once)."""
     found = {}
     for layout in ("padded", "shared_prompt"):
+        steps = accumulation if layout == "shared_prompt" else 1
         config = make_config(
             tmp_path,
             max_training_steps=3,
             run_name=layout,
             layout=layout,
             length_group_window=1,
+            per_device_train_batch_size=4 // steps,
+            gradient_accumulation_steps=steps,
             **settings,
         )
         trainer = rx.RewardTrainer(config, tokenizer, model=new_model(), train_dataset=data)
@@ -473,14 +477,19 @@ def train_in_both_layouts(tokenizer, tmp_path, data, new_model, **settings):
     assert computed(shared) < computed(padded)
 
 
-@pytest.mark.parametrize("loss", ["plackett_luce", "mse"])
-def test_shared_prompt_groups_train_as_padded_groups(tokenizer, tmp_path, loss):
+@pytest.mark.parametrize(
+    "loss, accumulation", [("plackett_luce", 1), ("mse", 1), ("plackett_luce", 2)]
+)
+def test_shared_prompt_groups_train_as_padded_groups(tokenizer, tmp_path, loss, accumulation):
     """data.layout=shared_prompt lays each group out as one prompt and K branches
     (`pack_group_records`): the same rows in the same order give the padded layout's losses and
-    parameters, with fewer computed tokens."""
+    parameters, with fewer computed tokens; also as 2 microbatches of 2 groups
+    (`packing.pack_microbatches`) against the padded 4 at once."""
     pairs = rows(TRAIN, 24)
     data = score_rows(pairs) if loss in losses.SCORE_LOSSES else ranked_rows(pairs)
-    train_in_both_layouts(tokenizer, tmp_path, data, lambda: tiny_llama(tokenizer), loss=loss)
+    train_in_both_layouts(
+        tokenizer, tmp_path, data, lambda: tiny_llama(tokenizer), accumulation, loss=loss
+    )
 
 
 # ------------------------------------------------------------------------------- evaluation

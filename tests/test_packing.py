@@ -24,7 +24,13 @@ from rewardax.data import (
     packing_row_lengths,
 )
 from rewardax.data.collate import RowProcessor
-from rewardax.data.packing import LONG_ROW_TIES, choose_shape, row_ladder, token_counts
+from rewardax.data.packing import (
+    LONG_ROW_TIES,
+    choose_shape,
+    pack_microbatches,
+    row_ladder,
+    token_counts,
+)
 from rewardax.errors import ConfigError
 from rewardax.state import RewardState
 from rewardax.steps import make_eval_step, make_train_step
@@ -219,14 +225,59 @@ def test_padding_pairs_contribute_nothing(records, tokenizer):
     assert abs(float(leaky["loss"]) - float(ref["loss"])) > 1.0
 
 
-def test_accumulation_with_packed_batches_is_refused(records, tokenizer):
+def test_accumulation_needs_a_batch_packed_as_microbatches(records, tokenizer):
     state = tiny_state(tokenizer)
     step = make_train_step(
         state.graphdef, optax.sgd(0.1), optax.constant_schedule(0.1), accumulation_steps=2
     )
     batch = layouts(records[:4], tokenizer.pad_token_id, 4)["packed"]
-    with pytest.raises(ConfigError, match="gradient_accumulation_steps"):
+    with pytest.raises(ConfigError, match="packed as that many microbatches"):
         jax.jit(step)(state.arrays(), batch)
+
+
+@pytest.mark.parametrize("layout", ["packed", "shared_prompt"])
+@pytest.mark.parametrize("steps", [2, 3])
+def test_microbatch_packing_accumulates_the_whole_batch_update(records, tokenizer, layout, steps):
+    """`pack_microbatches`: 11 real pairs of a 12-pair batch as `steps` microbatches, each packed
+    on its own in one (R, T), interleaved; the step accumulating over them gives the update and
+    metrics of the same pairs packed whole, in one step."""
+    pad = tokenizer.pad_token_id
+    lengths = packing_row_lengths(DataConfig(max_sequence_length=MAX_LEN, layout=layout))
+
+    def pack(part, row_lengths, batch_size=12 // steps):
+        return pack_records(
+            part, pad, layout=layout, batch_size=batch_size, row_lengths=row_lengths
+        )
+
+    micro = pack_microbatches(pack, records[:11], steps, lengths, pad)
+    whole = pack(records[:11], lengths, batch_size=12)
+    assert micro["reward_positions"].shape[1] * steps == micro["reward_slot"].size == 24
+    assert micro["input_ids"].shape[0] % steps == 0
+    np.testing.assert_array_equal(micro["pair_mask"], [1.0] * 11 + [0.0])
+    # Pair j of microbatch m is batch pair j * steps + m: the margins land in the batch's order
+    # (records[m::steps] per microbatch, interleaved back).
+    np.testing.assert_array_equal(micro["margin"][:11], [r["margin"] for r in records[:11]])
+
+    def run(batch, accumulation):
+        state = tiny_state(tokenizer)
+        step = make_train_step(
+            state.graphdef,
+            optax.sgd(0.5),
+            optax.constant_schedule(0.5),
+            accumulation_steps=accumulation,
+        )
+        arrays, metrics = jax.device_get(jax.jit(step)(state.arrays(), batch))
+        return jax.tree.leaves(arrays["params"]), metrics
+
+    got, got_metrics = run(micro, steps)
+    want, want_metrics = run(whole, 1)
+    start = jax.tree.leaves(tiny_state(tokenizer).arrays()["params"])
+    assert max(float(np.abs(a - b).max()) for a, b in zip(want, start, strict=True)) > 1e-3
+    for a, b in zip(got, want, strict=True):
+        np.testing.assert_allclose(a, b, atol=2e-6, rtol=0)
+    for key in ("loss", "accuracy", "num_pairs", "grad_norm"):
+        np.testing.assert_allclose(got_metrics[key], want_metrics[key], rtol=1e-5)
+    assert float(got_metrics["num_pairs"]) == 11
 
 
 def test_packed_layouts_compute_no_more_tokens_than_padded_on_the_same_pairs(tokenizer):
@@ -294,11 +345,12 @@ def test_packed_layouts_compute_no_more_tokens_than_padded_on_the_same_pairs(tok
     assert seen["packed"] == seen["shared_prompt"] == seen["padded"] == len(records)
 
 
-def train_tiny(tokenizer, directory, layout):
+def train_tiny(tokenizer, directory, layout, accumulation=1):
     with open(TRAIN, encoding="utf-8") as f:
         data = [json.loads(line) for _, line in zip(range(16), f, strict=False)]
     config = rx.RewardConfig(
-        per_device_train_batch_size=4,
+        per_device_train_batch_size=4 // accumulation,
+        gradient_accumulation_steps=accumulation,
         learning_rate=1e-3,
         max_sequence_length=64,
         max_training_steps=2,
@@ -337,14 +389,19 @@ def test_trainer_end_to_end_matches_padded(tokenizer, tmp_path, padded_run, layo
         np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=1e-4, rtol=0)
 
 
-def test_trainer_refuses_packed_with_accumulation(tokenizer, tmp_path):
-    config = rx.RewardConfig(
-        per_device_train_batch_size=2,
-        gradient_accumulation_steps=2,
-        max_sequence_length=64,
-        max_training_steps=1,
-        save_directory=str(tmp_path),
-        layout="packed",
+def test_trainer_accumulates_packed_microbatches_as_padded_does_one_batch(
+    tokenizer, tmp_path, padded_run
+):
+    """shared_prompt, 2 pairs a device x 2 accumulation steps: the padded run's 4 pairs a step
+    (the same pairs: the loader draws 4 a step either way), same losses and parameters."""
+    ref_trainer, ref = padded_run
+    trainer, result = train_tiny(tokenizer, tmp_path, "shared_prompt", accumulation=2)
+    np.testing.assert_allclose(
+        result.metrics["train"]["loss"], ref.metrics["train"]["loss"], atol=1e-5
     )
-    with pytest.raises(ConfigError, match="layout=packed needs gradient_accumulation_steps=1"):
-        rx.RewardTrainer(config, tokenizer, model=tiny_state(tokenizer).model, train_dataset=[])
+    for a, b in zip(
+        jax.tree.leaves(trainer.state.params),
+        jax.tree.leaves(ref_trainer.state.params),
+        strict=True,
+    ):
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=1e-4, rtol=0)

@@ -193,7 +193,8 @@ class TrainSection(Section):
     per_device_eval_batch_size: int = 8
     """pairs per data-parallel device in each evaluation batch."""
     gradient_accumulation_steps: int = 1
-    """microbatches accumulated inside one jitted step per optimizer update."""
+    """microbatches accumulated inside one jitted step per optimizer update (packed and
+    shared_prompt layouts pack each microbatch on its own)."""
     num_train_epochs: int = 1
     """passes over the training data, used when max_training_steps is null."""
     max_training_steps: int | None = None

@@ -284,13 +284,17 @@ def make_train_step(
 
     def train_step(arrays: Arrays, batch: Batch):
         if accumulation_steps > 1 and "reward_slot" in batch:
-            # Rows of a packed batch hold sequences of several pairs: splitting them along axis 0
-            # would not split the pairs. Raised while tracing, before any work.
-            raise ConfigError(
-                "gradient_accumulation_steps > 1 needs data.layout=padded; packed and "
-                "shared_prompt batches cannot be split into microbatches (raise "
-                "per_device_train_batch_size instead)"
-            )
+            # Rows of a packed batch hold sequences of several pairs: only a batch packed as
+            # microbatches (`packing.pack_microbatches`) splits along axis 0. Its reward slots
+            # per row are one microbatch's pairs' (one whole batch's when packed at once).
+            # Raised while tracing, before any work.
+            slots = batch["reward_positions"].shape[1] * accumulation_steps
+            if slots != batch["reward_slot"].size:
+                raise ConfigError(
+                    f"gradient_accumulation_steps={accumulation_steps} with a packed batch needs "
+                    "it packed as that many microbatches (PreferenceLoader(..., microbatches="
+                    f"{accumulation_steps}), as RewardTrainer does); this one was packed whole"
+                )
         master, rest, step = arrays["params"], arrays["rest"], arrays["step"]
         params = device_copy(master, compute_dtype) if offload_params else master
         total_pairs = jnp.maximum(jnp.sum(batch[real_key].astype(jnp.float32)), 1.0)

@@ -179,12 +179,11 @@ class RewardTrainer:
         self.accumulation_steps = cfg.train.gradient_accumulation_steps
         self.step_batch_size = self.global_batch_size * self.accumulation_steps
 
-        if cfg.data.layout != "padded" and (self.accumulation_steps > 1 or self.process_count > 1):
+        if cfg.data.layout != "padded" and self.process_count > 1:
             raise ConfigError(
-                f"data.layout={cfg.data.layout} needs gradient_accumulation_steps=1 and one "
-                f"process (got {self.accumulation_steps} and {self.process_count}): a packed row "
-                "holds several pairs, so it cannot be split into microbatches nor lined up "
-                "across processes. Use data.layout=padded, or raise per_device_train_batch_size"
+                f"data.layout={cfg.data.layout} needs one process (got {self.process_count}): "
+                "a packed row holds several pairs, so processes' rows cannot be lined up. Use "
+                "data.layout=padded"
             )
         self.train_loader = None
         if train_dataset is not None:
@@ -200,6 +199,7 @@ class RewardTrainer:
                 loss=cfg.train.loss,
                 max_responses=cfg.train.max_responses,
                 objectives=cfg.model.objectives,
+                microbatches=self.accumulation_steps,
             )
         self.eval_sets = self._named_eval_sets(eval_dataset)
         self.total_steps = self._total_steps()

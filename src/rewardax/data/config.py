@@ -69,7 +69,8 @@ class DataConfig(Section):
     side in fewer rows, each attending only to itself (block-diagonal mask). `shared_prompt`:
     the prompt (the tokens chosen and rejected share at the start) is encoded once per pair and
     both responses attend to it; pays off when prompts are long. Rewards are the same in all
-    three. packed and shared_prompt need gradient_accumulation_steps=1 and one process.
+    three. packed and shared_prompt need one process; with gradient accumulation each
+    microbatch is packed on its own.
     """
 
     @property

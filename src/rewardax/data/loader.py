@@ -18,7 +18,7 @@ from __future__ import annotations
 import itertools
 import queue
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -37,6 +37,7 @@ from rewardax.data.formats import InvalidRow, detect_dataset_format
 from rewardax.data.groups import GroupProcessor, collate_groups, pack_group_records
 from rewardax.data.packing import (
     group_row_lengths,
+    pack_microbatches,
     pack_records,
     packing_row_lengths,
     token_counts,
@@ -244,6 +245,9 @@ class PreferenceLoader:
         layout, whatever `data_config.layout` says.
       row_multiple: with a packed layout, the row count R of every batch is a multiple of this
         (the data-parallel size, so rows split evenly over devices).
+      microbatches: with a packed layout, each batch is this many microbatches packed on their
+        own (`packing.pack_microbatches`), for a train step that accumulates gradients over as
+        many (train.gradient_accumulation_steps); batch_size must divide by it.
       loss: the training loss (`train.loss`): `bradley_terry` reads pairs (rows ranking several
         responses as the pairs they imply); a group loss reads groups of K responses
         (`rankings.training_view`: DataError when the data does not fit the loss) and yields
@@ -275,6 +279,7 @@ class PreferenceLoader:
         loss: str = "bradley_terry",
         max_responses: int | None = None,
         objectives: list[str] | None = None,
+        microbatches: int = 1,
     ):
         if batch_size < 1:
             raise ConfigError(f"batch_size must be positive, got {batch_size}")
@@ -310,6 +315,12 @@ class PreferenceLoader:
         window = data_config.length_group_window if self.layout == "padded" else 1
         self.window = window_rows(self.batch_size, window)
         self.row_multiple = max(int(row_multiple), 1)
+        # Padded batches are split by the step as they are: microbatches matter to packing only.
+        self.microbatches = 1 if self.layout == "padded" else int(microbatches)
+        if self.microbatches < 1 or self.batch_size % self.microbatches:
+            raise ConfigError(
+                f"batch_size={batch_size} must divide into microbatches={microbatches} (≥ 1)"
+            )
         self.row_lengths = packing_row_lengths(data_config)
         self.streaming = isinstance(self.source, StreamSource)
         if self.groups:
@@ -569,16 +580,15 @@ class PreferenceLoader:
         yield None, state, stats  # rows read after the last batch (dropped ones, a remainder)
 
     def _collate(self, group: list[dict]) -> dict[str, np.ndarray]:
-        if self.groups and self.layout == "shared_prompt":
-            return pack_group_records(
-                group,
-                self.pad_id,
-                self.batch_size,
-                self.source.width,
-                self.source.target_name,
-                group_row_lengths(self.config, self.source.width),
-                self.row_multiple,
+        if self.layout != "padded" and self.microbatches > 1:
+            lengths = (
+                group_row_lengths(self.config, self.source.width)
+                if self.groups
+                else self.row_lengths
             )
+            return pack_microbatches(self._pack, group, self.microbatches, lengths, self.pad_id)
+        if self.groups and self.layout == "shared_prompt":
+            return self._pack(group, group_row_lengths(self.config, self.source.width))
         if self.groups:
             return collate_groups(
                 group,
@@ -591,12 +601,28 @@ class PreferenceLoader:
             )
         if self.layout == "padded":
             return collate_records(group, self.pad_id, self.buckets, self.batch_size)
+        return self._pack(group, self.row_lengths)
+
+    def _pack(self, records: list[dict], row_lengths: Sequence[int]) -> dict[str, np.ndarray]:
+        """``records`` as one packed batch (shared_prompt groups, or packed / shared_prompt
+        pairs) of batch_size / microbatches pairs or groups, in rows of one of ``row_lengths``."""
+        size = self.batch_size // self.microbatches
+        if self.groups:
+            return pack_group_records(
+                records,
+                self.pad_id,
+                size,
+                self.source.width,
+                self.source.target_name,
+                row_lengths,
+                self.row_multiple,
+            )
         return pack_records(
-            group,
+            records,
             self.pad_id,
             layout=self.layout,
-            batch_size=self.batch_size,
-            row_lengths=self.row_lengths,
+            batch_size=size,
+            row_lengths=row_lengths,
             row_multiple=self.row_multiple,
         )
 

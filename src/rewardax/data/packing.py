@@ -63,7 +63,7 @@ batch, 0.79x those of packing the sequences without sharing the prompt.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import numpy as np
 
@@ -387,6 +387,50 @@ def pack_groups(
     row_mask = np.zeros((batch_size,), np.float32)
     row_mask[: len(records)] = 1.0
     return {**batch, "response_mask": response_mask, "row_mask": row_mask, **arrays}
+
+
+# The keys of a packed batch whose first axis is its rows (the others' is its pairs or groups).
+ROW_KEYS = ("input_ids", "segment_ids", "positions", "branch_ids", "reward_positions")
+
+
+def pack_microbatches(
+    pack: Callable[[Sequence[dict], Sequence[int]], dict[str, np.ndarray]],
+    records: Sequence[dict],
+    steps: int,
+    row_lengths: Sequence[int],
+    pad_id: int,
+) -> dict[str, np.ndarray]:
+    """One batch of ``steps`` microbatches for gradient accumulation, each packed on its own.
+
+    A packed row holds several pairs (groups), so the rows of one packed batch cannot be split
+    into microbatches. Here microbatch m takes records m, m + steps, ...; each is packed by
+    ``pack(records, row_lengths)`` (`pack_records` or `pack_groups` with the rest of their
+    arguments bound, for ``len(records) // steps`` pairs or groups), then all are given the same
+    shape (R, T): T the longest chosen (the others packed again into rows of T), R the most rows
+    (the others get padding rows). The result interleaves them, microbatch m in rows m, m + steps,
+    ... and in pairs m, m + steps, ..., which is how `steps.make_train_step` splits a batch
+    (`_microbatches`). Each microbatch's ``reward_slot`` indexes its own [R, S] rewards, S being
+    its pairs' (groups') slots: ``reward_positions.shape[1] * steps`` equals the batch's slots.
+    """
+    parts = [records[m::steps] for m in range(steps)]
+    batches = [pack(part, row_lengths) for part in parts]
+    length = max(b["input_ids"].shape[1] for b in batches)
+    batches = [
+        b if b["input_ids"].shape[1] == length else pack(part, (length,))
+        for b, part in zip(batches, parts, strict=True)
+    ]
+    rows = max(b["input_ids"].shape[0] for b in batches)
+    out = {}
+    for key in batches[0]:
+        arrays = [b[key] for b in batches]
+        if key in ROW_KEYS:
+            fill = pad_id if key == "input_ids" else 0
+            arrays = [
+                np.concatenate([a, np.full((rows - len(a), *a.shape[1:]), fill, a.dtype)])
+                for a in arrays
+            ]
+        out[key] = np.stack(arrays, axis=1).reshape(-1, *arrays[0].shape[1:])
+    return out
 
 
 def packing_row_lengths(config: DataConfig) -> tuple[int, ...]:

@@ -169,7 +169,9 @@ def splash_attention(
       branch_ids: int [N, T] or None: a key of branch b > 0 is seen only by queries of branch b,
         branch 0 (a shared prompt) by every branch (`data.packing.pack_groups`).
       positions, sliding_window: with a window, a query sees only keys whose position is less
-        than ``sliding_window`` before its own (positions int [N, T] required).
+        than ``sliding_window`` before its own (positions int [N, T] required). A window of at
+        least T tokens is taken to rule nothing out: positions that advance by at most one per
+        token, as every rewardax layout's do.
       block_q, block_kv: the kernel's tiles (multiples of 128); rows are padded to a multiple
         of both.
       fused_backward: one backward kernel for dq, dk and dv instead of two.
