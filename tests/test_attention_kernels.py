@@ -146,15 +146,15 @@ def _tree_ids(t: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
 
 
 @pytest.mark.parametrize(
-    "mask, dtype",
+    "mask, dtype, fused_backward",
     [
-        ("branches", jnp.float32),
-        ("window", jnp.float32),
-        ("branches+window", jnp.float32),
-        ("branches", jnp.bfloat16),
+        ("branches", jnp.float32, False),
+        ("branches", jnp.float32, True),
+        ("window", jnp.float32, True),
+        ("branches+window", jnp.float32, False),
+        ("branches", jnp.bfloat16, True),
     ],
 )
-@pytest.mark.parametrize("fused_backward", [False, True])
 def test_splash_attention_on_the_shared_prompt_tree_and_a_window(mask, dtype, fused_backward):
     """Branch ids (a shared prompt seen by each of its responses, a response by no sibling) and a
     sliding window over positions: the kernel's dynamic mask against the CPU attention on

@@ -164,6 +164,7 @@ def test_eval_report_and_accuracy_match_independent_rewards(work, tokenizer, cap
     assert (report / "reward_vs_length.png").is_file()
 
 
+@pytest.mark.slow  # 30 s; `make test` keeps tests/test_scoring.py's score paths
 def test_score_jsonl_and_parquet_with_normalize(work, tokenizer, capsys):
     export = work["run"] / "export"
     chat = [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello there."}]

@@ -368,6 +368,7 @@ def vader_groups(tokenizer, max_len: int) -> list[dict]:
     return groups
 
 
+@pytest.mark.slow  # 11 s over the whole VADER file
 def test_token_saving_on_vader_groups_of_four():
     """Computed tokens of K-branch rows against a padded [G, K, T] batch (T: the smallest bucket
     holding the batch's longest sequence) and against packing the sequences without sharing the

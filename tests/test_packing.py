@@ -235,8 +235,7 @@ def test_accumulation_needs_a_batch_packed_as_microbatches(records, tokenizer):
         jax.jit(step)(state.arrays(), batch)
 
 
-@pytest.mark.parametrize("layout", ["packed", "shared_prompt"])
-@pytest.mark.parametrize("steps", [2, 3])
+@pytest.mark.parametrize("layout, steps", [("packed", 3), ("shared_prompt", 2)])
 def test_microbatch_packing_accumulates_the_whole_batch_update(records, tokenizer, layout, steps):
     """`pack_microbatches`: 11 real pairs of a 12-pair batch as `steps` microbatches, each packed
     on its own in one (R, T), interleaved; the step accumulating over them gives the update and
