@@ -251,6 +251,7 @@ def test_score_file_writes_every_row_or_names_the_line(scoring, tmp_path_factory
     ROWS_FUZZED["files_ok"] += 1
 
 
+@pytest.mark.slow  # 10 s: the two fuzz tests above again, counting
 def test_at_least_1000_rows_were_fuzzed(scoring, tmp_path_factory):
     """The fuzz tests above reach both outcomes on enough rows. Self-sufficient: it runs them
     itself (all their examples, derandomized, so the same ones as above; a few seconds) on fresh
