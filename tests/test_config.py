@@ -307,6 +307,12 @@ def test_validate_checks_the_process_count():
     config.validate(8)  # one process: fine
     with pytest.raises(ConfigError, match="not a multiple of the 2 processes"):
         config.validate(8, num_processes=2)
+    # Packed rows cannot be lined up across processes; accumulation is fine on one.
+    packed = RewardConfig(layout="shared_prompt", gradient_accumulation_steps=2)
+    packed.validate(8)
+    with pytest.raises(ConfigError, match=r"data\.layout=shared_prompt needs one process"):
+        packed.validate(8, num_processes=2)
+    RewardConfig(layout="padded").validate(8, num_processes=2)
 
 
 def test_values_assigned_later_are_converted_and_checked_at_once_and_validate_changes_nothing():

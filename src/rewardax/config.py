@@ -846,6 +846,11 @@ def _problems(config: RewardConfig, num_devices: int, num_processes: int) -> lis
             f"{num_processes} processes, so they cannot each load a slice of every batch; "
             "raise mesh.dp or mesh.fsdp (lower mesh.tp)",
         )
+    need(
+        d.layout == "padded" or num_processes == 1,
+        f"data.layout={d.layout} needs one process (got {num_processes}): a packed row holds "
+        "several pairs, so the processes' rows cannot be lined up; use data.layout=padded",
+    )
     dist = config.distributed
     need(
         dist.num_processes is None or dist.num_processes >= 1,

@@ -179,12 +179,6 @@ class RewardTrainer:
         self.accumulation_steps = cfg.train.gradient_accumulation_steps
         self.step_batch_size = self.global_batch_size * self.accumulation_steps
 
-        if cfg.data.layout != "padded" and self.process_count > 1:
-            raise ConfigError(
-                f"data.layout={cfg.data.layout} needs one process (got {self.process_count}): "
-                "a packed row holds several pairs, so processes' rows cannot be lined up. Use "
-                "data.layout=padded"
-            )
         self.train_loader = None
         if train_dataset is not None:
             self.train_loader = rdata.PreferenceLoader(
