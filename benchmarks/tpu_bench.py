@@ -516,6 +516,21 @@ def non_embedding_params(model: rx.RewardModel) -> int:
     return total - model.model.embed_tokens.embedding[...].size
 
 
+def timing_config(workdir: str, run_name: str, **settings) -> rx.RewardConfig:
+    """The run settings of a timed job: ``settings`` on a run that resumes nothing, shows no
+    progress bar, is long enough for any number of timed steps, and splits the parameters over
+    the chips (fsdp)."""
+    return rx.RewardConfig(
+        max_training_steps=1000,
+        save_directory=workdir,
+        resume="off",
+        progress_bar=False,
+        run_name=run_name,
+        mesh={"dp": 1, "fsdp": -1, "tp": 1},
+        **settings,
+    )
+
+
 def train_job(job: Job, kernels: Kernels, args, rec: Recorder, workdir: str) -> None:
     config = model_config(job.shape, args.tiny)
     base = {
@@ -556,16 +571,12 @@ def train_job(job: Job, kernels: Kernels, args, rec: Recorder, workdir: str) -> 
                 config.num_hidden_layers * config.hidden_size * job.length
             )
             trainer = rx.RewardTrainer(
-                rx.RewardConfig(
+                timing_config(
+                    workdir,
+                    "tpu_bench",
                     per_device_train_batch_size=pairs // job.microbatches,
                     gradient_accumulation_steps=job.microbatches,
                     max_sequence_length=job.length,
-                    max_training_steps=1000,
-                    save_directory=workdir,
-                    resume="off",
-                    progress_bar=False,
-                    run_name="tpu_bench",
-                    mesh={"dp": 1, "fsdp": -1, "tp": 1},
                     dtype="bfloat16",
                     param_dtype=job.param_dtype,
                     remat_policy=job.remat,
@@ -766,16 +777,12 @@ def tree_job(
                 config, dtype="bfloat16", remat_policy="full", kernels=chosen, rngs=nnx.Rngs(0)
             )
             trainer = rx.RewardTrainer(
-                rx.RewardConfig(
+                timing_config(
+                    workdir,
+                    "tpu_bench_tree",
                     per_device_train_batch_size=pairs,
                     max_sequence_length=prompt + 2 * response,
                     layout=layout,
-                    max_training_steps=1000,
-                    save_directory=workdir,
-                    resume="off",
-                    progress_bar=False,
-                    run_name="tpu_bench_tree",
-                    mesh={"dp": 1, "fsdp": -1, "tp": 1},
                     dtype="bfloat16",
                     remat_policy="full",
                 ),
