@@ -580,28 +580,24 @@ class PreferenceLoader:
         yield None, state, stats  # rows read after the last batch (dropped ones, a remainder)
 
     def _collate(self, group: list[dict]) -> dict[str, np.ndarray]:
-        if self.layout != "padded" and self.microbatches > 1:
-            lengths = (
-                group_row_lengths(self.config, self.source.width)
-                if self.groups
-                else self.row_lengths
-            )
-            return pack_microbatches(self._pack, group, self.microbatches, lengths, self.pad_id)
-        if self.groups and self.layout == "shared_prompt":
-            return self._pack(group, group_row_lengths(self.config, self.source.width))
-        if self.groups:
-            return collate_groups(
-                group,
-                self.pad_id,
-                self.buckets,
-                self.batch_size,
-                self.source.width,
-                self.source.target_name,
-                len(self.source.objectives or ()),
-            )
         if self.layout == "padded":
+            if self.groups:
+                return collate_groups(
+                    group,
+                    self.pad_id,
+                    self.buckets,
+                    self.batch_size,
+                    self.source.width,
+                    self.source.target_name,
+                    len(self.source.objectives or ()),
+                )
             return collate_records(group, self.pad_id, self.buckets, self.batch_size)
-        return self._pack(group, self.row_lengths)
+        lengths = (
+            group_row_lengths(self.config, self.source.width) if self.groups else self.row_lengths
+        )
+        if self.microbatches > 1:
+            return pack_microbatches(self._pack, group, self.microbatches, lengths, self.pad_id)
+        return self._pack(group, lengths)
 
     def _pack(self, records: list[dict], row_lengths: Sequence[int]) -> dict[str, np.ndarray]:
         """``records`` as one packed batch (shared_prompt groups, or packed / shared_prompt
