@@ -27,6 +27,7 @@ from rewardax.data.collate import RowProcessor
 from rewardax.data.packing import (
     LONG_ROW_TIES,
     choose_shape,
+    pack_groups,
     pack_microbatches,
     row_ladder,
     token_counts,
@@ -223,6 +224,37 @@ def test_padding_pairs_contribute_nothing(records, tokenizer):
     poisoned["pair_mask"][6] = 1.0
     _, leaky = jax.device_get(train_step(state.arrays(), poisoned))
     assert abs(float(leaky["loss"]) - float(ref["loss"])) > 1.0
+
+
+def test_microbatches_of_a_partial_group_batch():
+    """3 groups of an 8-group batch in 4 microbatches: the last microbatch has no group (no
+    `ranks` of its own), the others one each; every group keeps its ranks and its rewards' slots
+    point at its responses' last tokens within its microbatch."""
+    rng = np.random.default_rng(0)
+    groups = [
+        {
+            "responses_input_ids": [rng.integers(3, 50, size=n).tolist() for n in sizes],
+            "ranks": list(range(len(sizes))),
+        }
+        for sizes in ([5, 7, 6], [4, 4], [9, 3, 5])
+    ]
+
+    def pack(part, row_lengths):
+        return pack_groups(part, 0, group_size=3, batch_size=2, row_lengths=row_lengths)
+
+    batch = pack_microbatches(pack, groups, 4, (8, 16, 32), 0)
+    np.testing.assert_array_equal(batch["row_mask"], [1, 1, 1, 0, 0, 0, 0, 0])
+    np.testing.assert_array_equal(batch["ranks"][:3, :2], [[0, 1], [0, 1], [0, 1]])
+    assert batch["ranks"][3:].sum() == 0 and batch["ranks"].shape == (8, 3)
+    rows = batch["input_ids"].shape[0] // 4
+    for g, group in enumerate(groups):
+        m = g % 4  # microbatch m holds groups m, m + 4, ...
+        mine = batch["input_ids"][m::4]  # its rows
+        slots = batch["reward_positions"][m::4].reshape(-1)
+        for k, seq in enumerate(group["responses_input_ids"]):
+            row, _ = divmod(int(batch["reward_slot"][g, k]), batch["reward_positions"].shape[1])
+            assert row < rows
+            assert mine[row, slots[batch["reward_slot"][g, k]]] == seq[-1]
 
 
 def test_accumulation_needs_a_batch_packed_as_microbatches(records, tokenizer):

@@ -421,8 +421,10 @@ def pack_microbatches(
     ]
     rows = max(b["input_ids"].shape[0] for b in batches)
     out = {}
-    for key in batches[0]:
-        arrays = [b[key] for b in batches]
+    # A microbatch without records (a last, partial batch) carries no per-response keys: zeros.
+    for key in dict.fromkeys(k for b in batches for k in b):
+        like = next(b[key] for b in batches if key in b)
+        arrays = [b[key] if key in b else np.zeros_like(like) for b in batches]
         if key in ROW_KEYS:
             fill = pad_id if key == "input_ids" else 0
             arrays = [
