@@ -761,6 +761,10 @@ def tree_job(
     (remat full, bf16 compute, float32 parameters and moments; tiles: `Kernels`' defaults)."""
     config = model_config(shape, args.tiny)
     layouts = [("padded", "pallas"), ("shared_prompt", "pallas"), ("shared_prompt", "xla")]
+    # Two steps' pairs in both layouts, made once for the three rows.
+    host_batches = [
+        tree_batches(pairs * jax.device_count(), prompt, response, config, i) for i in range(2)
+    ]
     for layout, kernels in layouts:
         row: dict[str, Any] = {"kind": "train_step", "set": "tree", "shape": shape}
         row |= {"prompt": prompt, "response": response, "pairs": pairs, "layout": layout}
@@ -790,13 +794,7 @@ def tree_job(
                 model=model,
             )
             del model
-            batches = [
-                global_batch(
-                    tree_batches(pairs * jax.device_count(), prompt, response, config, i)[layout],
-                    trainer.mesh,
-                )
-                for i in range(2)
-            ]
+            batches = [global_batch(both[layout], trainer.mesh) for both in host_batches]
             time_steps(trainer, batches, 0.0, pairs, prompt + response, row, args)
             # The computed tokens per step (padding included), not the padded layout's.
             row["tokens_per_step"] = int(batches[0]["input_ids"].size)
