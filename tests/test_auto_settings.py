@@ -79,34 +79,48 @@ def test_auto_takes_the_fastest_remat_policy_that_fits_the_chip(monkeypatch):
 
 
 def test_auto_prefers_less_remat_on_smaller_microbatches(monkeypatch):
-    # Qwen2.5-0.5B, 8 pairs of 2048 tokens on a v5e: save_attention fits on 4 pairs a microbatch.
+    # Qwen2.5-0.5B, 8 pairs of 2048 tokens, as compiled for a v5e: save_attention fits on one
+    # pair a microbatch (and ran at 47.6% MFU there, full on the 8 pairs 38.2%).
     compiled = fake_compiler(
         monkeypatch,
         {
             "none": 54.0,
-            ("none", 4): 29.0,
+            ("none", 4): 36.1,
+            ("none", 2): 27.0,
+            ("none", 1): 20.0,
             "save_attention": 23.5,
-            ("save_attention", 4): 15.4,
+            ("save_attention", 4): 18.9,
+            ("save_attention", 2): 16.07,
+            ("save_attention", 1): 13.55,
             "full": 13.7,
         },
     )
     config = rx.RewardConfig(per_device_train_batch_size=8, max_sequence_length=2048)
     resolved, chosen, tried = plan.resolve_auto(config, object(), [FakeChip()])
-    # none on 2 pairs (8192 tokens) is under MIN_MICROBATCH_TOKENS: not tried.
+    # Halvings down to one pair (4096 tokens, MIN_MICROBATCH_TOKENS); full is not compiled.
     assert compiled == [
         ("none", 8, 1),
         ("none", 4, 2),
+        ("none", 2, 4),
+        ("none", 1, 8),
         ("save_attention", 8, 1),
         ("save_attention", 4, 2),
+        ("save_attention", 2, 4),
+        ("save_attention", 1, 8),
     ]
     assert chosen["model.remat_policy"] == "save_attention"
-    assert chosen["train.gradient_accumulation_steps"] == "2"
+    assert chosen["train.gradient_accumulation_steps"] == "8"
     assert (
         resolved.train.per_device_train_batch_size,
         resolved.train.gradient_accumulation_steps,
-    ) == (4, 2)
+    ) == (1, 8)
     assert resolved.global_train_batch_size(1) == config.global_train_batch_size(1) == 8
-    assert tried[-1] == "save_attention (4 pairs x 2): 15.40 GiB"
+    assert tried[-1] == "save_attention (1 pairs x 8): 13.55 GiB"
+    # No microbatch below MIN_MICROBATCH_TOKENS: 8 pairs of 256 tokens are 4096 in all.
+    compiled.clear()
+    short = rx.RewardConfig(per_device_train_batch_size=8, max_sequence_length=256)
+    plan.resolve_auto(short, object(), [FakeChip()])
+    assert compiled == [("none", 8, 1), ("save_attention", 8, 1), ("full", 8, 1)]
     # A layout that cannot accumulate (shared_prompt) keeps the whole batch.
     compiled.clear()
     shared = rx.RewardConfig(

@@ -392,8 +392,11 @@ REMAT_HEADROOM = 128 * 2**20
 
 
 # `auto` splits a device's pairs into microbatches (gradient accumulation) only down to this many
-# tokens per microbatch: every step measured fast on the v5e had at least 16k (benchmarks/README).
-MIN_MICROBATCH_TOKENS = 16384
+# tokens per microbatch. On the v5e (benchmarks/README, 2026-12-06 sixth session) less remat on
+# smaller microbatches won down to 4k tokens: Qwen2.5-0.5B at 8 x 2048, save_attention on 1 pair
+# x 8 47.6% MFU against full on the 8 pairs 38.2%; SmolLM2 at 32 x 512, none on 8 pairs x 4
+# (8k tokens) 31.0% against save_attention on the 32 pairs 26.4%.
+MIN_MICROBATCH_TOKENS = 4096
 # ... and into at most this many (each split is one more compilation at start).
 MAX_MICROBATCHES = 8
 
@@ -425,8 +428,8 @@ def choose_remat(
     at most ``limit`` - `REMAT_HEADROOM` bytes per device: policies in `kernels.remat_candidates`
     order (less recomputation first), each with the whole batch, then halved microbatches
     (`_splits`). On the v5e less remat on smaller microbatches beat more remat on the whole batch
-    (SmolLM2, 2048 tokens: none on 4 pairs 32.9% MFU, full on 16: 23.9%; Qwen2.5-0.5B:
-    save_attention on 4 pairs 45.6%, full on 8: 36.3%). ("full", 1) when nothing fits (the run
+    (SmolLM2, 2048 tokens: save_attention on 4 pairs x 4 36.8% MFU, full on 16: 25.3%;
+    Qwen2.5-0.5B: save_attention on 1 pair x 8 47.6%, full on 8: 38.2%). ("full", 1) when nothing fits (the run
     then fails to allocate; `rewardax plan` suggests what else to change).
     Returns (policy, microbatches, "what: GiB" for each one compiled)."""
     kernels = select_kernels(config.model.kernels, devices[0].platform)
