@@ -238,6 +238,20 @@ MICROBATCH_JOBS = [
     Job("smollm2-135m", 512, "pallas", (32,), remat="none", microbatches=2),
     Job("smollm2-135m", 512, "pallas", (32,), remat="save_attention"),
 ]
+# `--set save_mlp`: remat "save_attention_mlp" (the splash residuals plus attention's output
+# projection and the MLP's gate and up projections: no matmul recomputed) against the best of the
+# 2026-12-06 sixth session's runs with the same pairs per update. Compiled for a v5e by
+# `rewardax plan` it fits only SmolLM2's microbatches: 4 pairs x 4 of 2048 tokens 11.87 GiB,
+# 16 x 2 of 512 11.97 GiB (8 x 2 of 2048: 19.57; Qwen2.5-0.5B 1 x 8 of 2048: 16.23, 4 x 4 of
+# 512: 16.26; Qwen2.5-1.5B, bf16 state, 1 x 2 of 2048: 31.64).
+SAVE_MLP_JOBS = [
+    Job("smollm2-135m", 2048, "pallas", (16,), remat="save_attention_mlp", microbatches=4),
+    Job("smollm2-135m", 2048, "pallas", (16,), remat="save_attention_mlp", microbatches=8),
+    Job("smollm2-135m", 2048, "pallas", (16,), remat="save_attention", microbatches=4),
+    Job("smollm2-135m", 512, "pallas", (32,), remat="save_attention_mlp", microbatches=2),
+    Job("smollm2-135m", 512, "pallas", (32,), remat="save_attention_mlp", microbatches=4),
+    Job("smollm2-135m", 512, "pallas", (32,), remat="none", microbatches=4),
+]
 TINY_JOBS = [
     Job("qwen2.5-0.5b", 256, "pallas", (4, 2)),
     Job("qwen2.5-0.5b", 256, "cpu", (2,)),
@@ -841,6 +855,7 @@ def main() -> None:
             "offload",
             "offload_attention",
             "microbatch",
+            "save_mlp",
             "defaults",
             "tree",
         ),
@@ -882,6 +897,7 @@ def main() -> None:
         "offload": OFFLOAD_JOBS,
         "offload_attention": OFFLOAD_ATTENTION_JOBS,
         "microbatch": MICROBATCH_JOBS,
+        "save_mlp": SAVE_MLP_JOBS,
         "defaults": [],
         "tree": [],
     }

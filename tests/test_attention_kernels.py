@@ -414,6 +414,32 @@ def test_save_attention_remat_runs_no_second_attention_forward():
     assert kernels_in["full"] == kernels_in["none"] + 1
 
 
+def test_save_attention_mlp_recomputes_no_matmul():
+    """remat "save_attention_mlp" keeps the splash kernel's residuals, attention's output
+    projection and the MLP's gate and up projections: the gradient's program has as many
+    matmuls as with remat "none" (only norms and elementwise operations are recomputed), where
+    "save_attention" recomputes projections; the gradients are those of "none"."""
+    config = _tiny_config()  # 2 layers, unrolled
+    ids = jax.random.randint(jax.random.key(2), (2, 64), 3, 128)
+    kernels = select_kernels("pallas", "cpu")
+
+    def gradient(policy):
+        model = RewardModel(config, remat_policy=policy, kernels=kernels, rngs=nnx.Rngs(0))
+        graphdef, params, rest = nnx.split(model, nnx.Param, ...)
+        loss = lambda p: jnp.sum(nnx.merge(graphdef, p, rest)(ids).logits)  # noqa: E731
+        jaxpr = jax.make_jaxpr(jax.grad(loss))(params).jaxpr
+        return _count_primitives(jaxpr, "dot_general"), jax.jit(jax.grad(loss))(params)
+
+    dots_none, want = gradient("none")
+    dots = {}
+    for policy in ("save_attention", "save_attention_mlp"):
+        dots[policy], grads = gradient(policy)
+        for a, b in zip(jax.tree.leaves(grads), jax.tree.leaves(want), strict=True):
+            np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=1e-5, rtol=1e-4)
+    assert dots["save_attention_mlp"] == dots_none
+    assert dots["save_attention"] > dots_none
+
+
 @pytest.mark.parametrize("dense", [True, False])
 def test_kept_residuals_fill_128_wide_rows_when_dense(dense):
     """`traced_under(..., dense=True)` marks each residual whose minor dimension is narrower than

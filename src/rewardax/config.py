@@ -35,7 +35,9 @@ from rewardax.sections import Section, type_name, unknown_field
 
 Dtype = Literal["float32", "bfloat16"]
 ComputeDtype = Literal["auto", "float32", "bfloat16"]
-RematPolicy = Literal["auto", "none", "full", "save_dots", "save_attention", "offload_attention"]
+RematPolicy = Literal[
+    "auto", "none", "full", "save_dots", "save_attention", "save_attention_mlp", "offload_attention"
+]
 KernelSetting = Literal["auto", "cpu", "xla", "pallas"]
 OptimizerName = Literal["adamw", "adafactor", "lion", "sgd"]
 ScheduleName = Literal["constant", "linear", "cosine"]
@@ -78,7 +80,11 @@ class ModelSection(Section):
     runs no second attention forward) and recomputes the rest, `offload_attention` keeps the same
     in host memory (about `full`'s device memory, plus transfers; 1.12-1.46x `full`'s step on a
     v5e chip, so not tried by `auto`); both act as `full` where no splash kernel runs (CPU, GPU,
-    kernels other than `pallas`), with a warning. `auto`: `none` on a CPU; on a TPU
+    kernels other than `pallas`), with a warning. `save_attention_mlp` keeps what
+    `save_attention` keeps plus attention's output projection and the MLP's gate and up
+    projections, so that the backward recomputes only norms and elementwise operations (~21 KB
+    more per token and layer for Qwen2.5-0.5B; not timed on a chip yet, not tried by `auto`).
+    `auto`: `none` on a CPU; on a TPU
     or GPU the first of none, save_attention (with splash attention), full whose compiled train
     step fits the device's memory, each tried on the whole batch and then on the pairs per device
     split into up to 8 microbatches (padded layout; the pairs per update stay the same)

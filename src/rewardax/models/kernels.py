@@ -50,6 +50,11 @@ SPLASH_KV_COMPUTE = 512
 # The checkpoint name of the attention kernel's output and backward residuals
 # (remat policy "save_attention").
 ATTENTION_RESIDUALS = "attention_residuals"
+# The checkpoint names of a decoder layer's other matmul outputs that remat policy
+# "save_attention_mlp" keeps besides: attention's output projection, and the MLP's gate and up
+# projections. With them the backward recomputes only norms and elementwise operations.
+ATTENTION_OUTPUT = "attention_output"
+MLP_PROJECTIONS = "mlp_projections"
 # A TPU vector register's lanes: the minor dimension of an array is laid out in tiles this wide.
 LANES = 128
 

@@ -79,6 +79,8 @@ class RewardModel(nnx.Module):
       remat_policy: gradient checkpointing per decoder layer: "none", "full" (recompute all),
         "save_dots" (keep matmul outputs without batch dims, recompute the rest),
         "save_attention" (keep the splash attention kernel's output and residuals),
+        "save_attention_mlp" (those, attention's output projection and the MLP's gate and up
+        projections: recompute only norms and elementwise operations),
         "offload_attention" (keep them in host memory).
       dropout_rate: residual dropout after attention and MLP; active only with
         ``deterministic=False``.
