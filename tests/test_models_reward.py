@@ -144,7 +144,13 @@ def test_remat_policies_give_the_same_gradients():
     ref = grads("none")
     # Recomputation inside the scanned layers lets XLA fuse (and so round) differently: float32
     # noise of order 1e-5 on gradients of order 1; a wrong policy gives errors of order 1.
-    for policy in ("full", "save_dots", "save_attention", "save_attention_mlp", "offload_attention"):
+    for policy in (
+        "full",
+        "save_dots",
+        "save_attention",
+        "save_attention_mlp",
+        "offload_attention",
+    ):
         for a, b in zip(ref, grads(policy), strict=True):
             np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=1e-4, rtol=1e-4)
 

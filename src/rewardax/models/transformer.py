@@ -27,11 +27,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx
+from jax.ad_checkpoint import checkpoint_name
 
 from rewardax.errors import ConfigError
 from rewardax.models.config import ModelConfig
-from jax.ad_checkpoint import checkpoint_name
-
 from rewardax.models.kernels import (
     ATTENTION_OUTPUT,
     ATTENTION_RESIDUALS,
