@@ -646,7 +646,7 @@ def remat_policy_fn(name: str) -> Any:
       for ~(hidden + 2 x intermediate) x 2 more bytes per token and layer than
       ``"save_attention"`` (Qwen2.5-0.5B: 21 KB). With other attention kernels attention is
       recomputed and the projections are kept.
-    - ``"offload_attention"``: the same residuals, moved to the host's memory (``pinned_host``)
+    - ``"offload_attention"``: ``"save_attention"``'s residuals, moved to the host's memory (``pinned_host``)
       after the layer's forward and brought back for its backward, the rest recomputed: no
       second attention forward for about ``"full"``'s device memory, paid in transfers between
       host and device (Qwen2.5-0.5B, 8 pairs of 2048 tokens, compiled for a v5e by `rewardax
