@@ -261,6 +261,7 @@ def two_head_model(tokenizer, seed=0):
     return RewardModel(dataclasses.replace(base.config, num_labels=2), rngs=nnx.Rngs(seed))
 
 
+@pytest.mark.slow  # ~12-22 s: the default suite stays under 15 min
 def test_named_scores_train_the_same_in_shared_prompt_rows(tokenizer, tmp_path):
     """Named scores (a masked objective in every third row) through K-branch rows
     (`pack_group_records` adds their score_mask): the padded layout's losses and parameters."""

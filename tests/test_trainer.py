@@ -264,6 +264,7 @@ def test_a_nan_stop_leaves_the_last_good_state_readable(tokenizer, tmp_path):
     assert all(np.isfinite(np.asarray(x)).all() for x in jax.tree.leaves(trainer.state.opt_state))
 
 
+@pytest.mark.slow  # ~12-22 s: the default suite stays under 15 min
 def test_nan_policy_skip_step_counts_and_finishes(tokenizer, tmp_path):
     trainer = rx.RewardTrainer(
         make_config(tmp_path, run_name="skip", nan_policy="skip_step", max_training_steps=6),
