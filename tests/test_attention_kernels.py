@@ -398,7 +398,9 @@ def test_save_attention_remat_runs_no_second_attention_forward():
         kernels_in[policy] = _count_primitives(jaxpr, "pallas_call")
         if policy != "none":  # the 64-wide residuals are marked in 128-wide rows when dense
             widths = {
-                e.outvars[0].aval.shape[-1] for e in _equations(jaxpr) if e.primitive.name == "name"
+                e.outvars[0].aval.shape[-1]
+                for e in _equations(jaxpr)
+                if e.primitive.name == "name" and e.params["name"] == ATTENTION_RESIDUALS
             }
             assert widths and ((128 in widths) == policy.endswith("dense")), (policy, widths)
         if policy == "none":
