@@ -429,8 +429,8 @@ def choose_remat(
     order (less recomputation first), each with the whole batch, then halved microbatches
     (`_splits`). On the v5e less remat on smaller microbatches beat more remat on the whole batch
     (SmolLM2, 2048 tokens: save_attention on 4 pairs x 4 36.8% MFU, full on 16: 25.3%;
-    Qwen2.5-0.5B: save_attention on 1 pair x 8 47.6%, full on 8: 38.2%). ("full", 1) when nothing fits (the run
-    then fails to allocate; `rewardax plan` suggests what else to change).
+    Qwen2.5-0.5B: save_attention on 1 pair x 8 47.6%, full on 8: 38.2%). ("full", 1) when
+    nothing fits (the run then fails to allocate; `rewardax plan` suggests what else to change).
     Returns (policy, microbatches, "what: GiB" for each one compiled)."""
     kernels = select_kernels(config.model.kernels, devices[0].platform)
     pairs = config.train.per_device_train_batch_size
