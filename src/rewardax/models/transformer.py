@@ -649,9 +649,9 @@ def remat_policy_fn(name: str) -> Any:
     - ``"offload_attention"``: ``"save_attention"``'s residuals, moved to the host's memory
       (``pinned_host``) after the layer's forward and brought back for its backward, the rest
       recomputed: no second attention forward for about ``"full"``'s device memory, paid in
-      transfers between host and device (Qwen2.5-0.5B, 8 pairs of 2048 tokens, compiled for a v5e by `rewardax
-      plan`: 13.40 GiB on the chip and 6.04 GiB on the host, against 23.5 GiB for
-      ``"save_attention"`` and 13.74 GiB for ``"full"``); on that chip its step took 1.704 s
+      transfers between host and device (Qwen2.5-0.5B, 8 pairs of 2048 tokens, compiled for a
+      v5e by `rewardax plan`: 13.40 GiB on the chip and 6.04 GiB on the host, against 23.5 GiB
+      for ``"save_attention"`` and 13.74 GiB for ``"full"``); on that chip its step took 1.704 s
       against ``"full"``'s 1.165: the transfers cost more than the recomputed attention. On the
       CPU both memories are the host's. Like ``"save_attention"``, ``"full"`` with other
       attention kernels.
