@@ -477,7 +477,11 @@ def train_in_both_layouts(tokenizer, tmp_path, data, new_model, accumulation=1, 
     assert computed(shared) < computed(padded)
 
 
-@pytest.mark.parametrize("loss, accumulation", [("mse", 1), ("plackett_luce", 2)])
+@pytest.mark.parametrize(
+    "loss, accumulation",
+    # The accumulation case in `make test-slow` (~13 s): the default suite stays under 15 min.
+    [("mse", 1), pytest.param("plackett_luce", 2, marks=pytest.mark.slow)],
+)
 def test_shared_prompt_groups_train_as_padded_groups(tokenizer, tmp_path, loss, accumulation):
     """data.layout=shared_prompt lays each group out as one prompt and K branches
     (`pack_group_records`): the same rows in the same order give the padded layout's losses and
