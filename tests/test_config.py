@@ -366,3 +366,14 @@ def test_model_kernels_setting_is_checked_and_reaches_the_loaded_model(tmp_path)
         RewardConfig().with_overrides(["model.kernels=fast"]).validate()
     tiny_llama(smollm2_tokenizer()).save_pretrained(tmp_path / "m")
     assert AutoRewardModel.from_pretrained(tmp_path / "m", kernels="pallas").kernels == "pallas"
+
+
+def test_config_remat_policies_are_the_models():
+    # config.py lists them as a Literal without importing the models (a light import); the
+    # layers validate against REMAT_POLICIES: a policy added to one must be added to the other.
+    from typing import get_args
+
+    from rewardax.config import RematPolicy
+    from rewardax.models.transformer import REMAT_POLICIES
+
+    assert set(get_args(RematPolicy)) == {"auto", *REMAT_POLICIES}
