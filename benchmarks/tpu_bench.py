@@ -55,6 +55,9 @@ from rewardax.models.pallas_attention import splash_attention  # noqa: E402
 from rewardax.models.transformer import attention_mask, blocked_attention  # noqa: E402
 from rewardax.sharding import global_batch  # noqa: E402
 
+sys.path.insert(0, str(Path(__file__).parent))
+import device_profile  # noqa: E402
+
 PEAK_FLOPS = 197e12  # TPU v5e, bf16 dense
 GIB = 2**30
 
@@ -252,6 +255,31 @@ SAVE_MLP_JOBS = [
     Job("smollm2-135m", 512, "pallas", (32,), remat="save_attention_mlp", microbatches=4),
     Job("smollm2-135m", 512, "pallas", (32,), remat="none", microbatches=4),
 ]
+# `--set profile` (with `--profile`): what `auto` chose in the 2026-12-06 sixth session's
+# `--set defaults` run, and 1.5B's best row, each traced per op after its timing.
+PROFILE_JOBS = [
+    Job("qwen2.5-0.5b", 512, "pallas", (16,), remat="save_attention"),
+    Job("qwen2.5-0.5b", 2048, "pallas", (8,), remat="save_attention", microbatches=8),
+    Job("smollm2-135m", 2048, "pallas", (16,), remat="none", microbatches=8),
+    Job("qwen2.5-1.5b", 2048, "pallas", (2,), param_dtype="bfloat16", remat="full"),
+    Job("smollm2-135m", 512, "pallas", (32,), remat="none", microbatches=4),
+]
+# `--set rope`: RoPE's rotation as a [D, D] product (`Kernels.rope_matmul`, on by default with
+# splash since 2026-12-07) on the shapes of `--set profile`, where the rotation's half-width
+# slices took 9-12% of a step, and once without it (the same pairs: A/B in one run).
+HALVES = dict(rope_matmul=False)
+ROPE_JOBS = [
+    Job("qwen2.5-0.5b", 512, "pallas", (16,), remat="save_attention"),
+    Job("qwen2.5-0.5b", 512, "pallas", (16,), remat="save_attention", tiles=HALVES),
+    Job("smollm2-135m", 2048, "pallas", (16,), remat="save_attention_mlp", microbatches=8),
+    Job("smollm2-135m", 2048, "pallas", (16,), remat="save_attention_mlp", microbatches=4),
+    Job("smollm2-135m", 2048, "pallas", (16,), remat="save_attention", microbatches=4),
+    Job("qwen2.5-0.5b", 2048, "pallas", (8,), remat="save_attention", microbatches=8),
+    Job("smollm2-135m", 512, "pallas", (32,), remat="save_attention_mlp", microbatches=4),
+    Job("smollm2-135m", 512, "pallas", (32,), remat="save_attention_mlp", microbatches=2),
+    Job("qwen2.5-1.5b", 2048, "pallas", (2,), param_dtype="bfloat16", remat="full"),
+    Job("smollm2-135m", 2048, "pallas", (16,), remat="none", microbatches=8),
+]
 TINY_JOBS = [
     Job("qwen2.5-0.5b", 256, "pallas", (4, 2)),
     Job("qwen2.5-0.5b", 256, "cpu", (2,)),
@@ -310,6 +338,14 @@ class Recorder:
 
     def add(self, row: dict) -> None:
         row = {"elapsed_s": round(time.monotonic() - START, 1), **row}
+        if row.get("profile", {}).get("ops"):  # `--profile`: one section per job in profile.md
+            title = " ".join(
+                f"{row.get(k)}" for k in ("shape", "T", "remat", "pairs") if row.get(k) is not None
+            )
+            title += f" ({row['microbatches']} microbatches)" if row.get("microbatches") else ""
+            step_ms = 1e3 * row["step_s"] if row.get("step_s") else None
+            with (self.md.parent / "profile.md").open("a") as f:
+                f.write(device_profile.markdown(title, row["profile"], step_ms))
         self.rows.append(row)
         with self.jsonl.open("a") as f:
             f.write(json.dumps(row) + "\n")
@@ -563,6 +599,8 @@ def train_job(job: Job, kernels: Kernels, args, rec: Recorder, workdir: str) -> 
     if job.tiles is not None and chosen.attention == "splash":
         chosen = dataclasses.replace(chosen, **job.tiles)
     base["attention"] = tile_name(chosen) if chosen.attention == "splash" else chosen.attention
+    if chosen.attention == "splash" and not chosen.rope_matmul:
+        base["attention"] += " (rope: slices)"
     if chosen.attention == "splash" and chosen.dense_residuals:
         base["remat"] += " (dense residuals)"
     for pairs in job.batches:
@@ -644,6 +682,21 @@ def time_steps(trainer, batches, per_token: float, pairs: int, length: int, row,
         if time.monotonic() - START > args.budget_s - 10:
             break  # the budget ends: keep the steps measured so far
     step_s = statistics.median(times)
+    if args.profile:
+        state = {"arrays": arrays}
+
+        def run_steps() -> None:
+            for i in range(args.profile):
+                state["arrays"], out = compiled(state["arrays"], batches[i % 2])
+            jax.block_until_ready(out)
+
+        try:
+            keep = Path(args.out) / "trace.xplane.pb"  # the first job's raw trace
+            row["profile"] = device_profile.trace_ops(run_steps, args.profile, keep)
+        except Exception as exc:  # the timing stands without its trace
+            row["profile"] = {"error": error_text(exc)}
+            traceback.print_exc()
+        arrays = state["arrays"]
     tokens = pairs * jax.device_count() * 2 * length
     row.update(
         steps=len(times),
@@ -834,6 +887,22 @@ def random_batch(pairs: int, t: int, config: rx.ModelConfig, seed: int) -> dict[
     }
 
 
+SETS = {  # --set NAME: its job list (defaults and tree have their own)
+    "kernels": JOBS,
+    "remat": REMAT_JOBS,
+    "remat2": REMAT2_JOBS,
+    "tune": TUNE_JOBS,
+    "offload": OFFLOAD_JOBS,
+    "offload_attention": OFFLOAD_ATTENTION_JOBS,
+    "microbatch": MICROBATCH_JOBS,
+    "save_mlp": SAVE_MLP_JOBS,
+    "profile": PROFILE_JOBS,
+    "rope": ROPE_JOBS,
+    "defaults": [],
+    "tree": [],
+}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--budget-s", type=float, default=420.0, help="no job starts after this")
@@ -847,23 +916,20 @@ def main() -> None:
     parser.add_argument(
         "--set",
         default="kernels",
-        choices=(
-            "kernels",
-            "remat",
-            "remat2",
-            "tune",
-            "offload",
-            "offload_attention",
-            "microbatch",
-            "save_mlp",
-            "defaults",
-            "tree",
-        ),
-        help="which job list to run",
+        help="which job list to run (job lists: several, comma-separated)",
+    )
+    parser.add_argument(
+        "--profile",
+        type=int,
+        default=0,
+        help="after timing, trace this many steps and sum the device time per op (profile.md)",
     )
     parser.add_argument("--out", default=os.environ.get("OUT") or "tpu_bench_out")
     parser.add_argument("--tiny", action="store_true", help="tiny shapes: checks the script")
     args = parser.parse_args()
+    known = set(SETS)
+    if not set(args.set.split(",")) <= known:
+        parser.error(f"--set {args.set}: choose among {sorted(known)}")
     if args.tiny:
         args.steps, args.attn_iters = min(args.steps, 2), 1
     rec = Recorder(Path(args.out))
@@ -880,28 +946,14 @@ def main() -> None:
     kernels = select_kernels("pallas")
     if args.set in ("remat", "remat2"):  # the kernels run's best (benchmarks/README.md, 12-05)
         kernels = dataclasses.replace(kernels, block_q=512, block_kv=512, fused_backward=True)
-    elif args.set in ("offload", "offload_attention", "microbatch", "defaults", "tree"):
-        pass
-    else:
+    elif args.set in ("kernels", "tune"):  # the others run `Kernels`' default tiles
         try:
             best = attention_bench(2 if args.tiny else 16, 256 if args.tiny else 2048, args, rec)
             if best is not None and not args.tiny:
                 kernels = dataclasses.replace(kernels, **best)
         except Exception as exc:
             rec.add({"kind": "attention", "status": error_text(exc)})
-    sets = {
-        "kernels": JOBS,
-        "remat": REMAT_JOBS,
-        "remat2": REMAT2_JOBS,
-        "tune": TUNE_JOBS,
-        "offload": OFFLOAD_JOBS,
-        "offload_attention": OFFLOAD_ATTENTION_JOBS,
-        "microbatch": MICROBATCH_JOBS,
-        "save_mlp": SAVE_MLP_JOBS,
-        "defaults": [],
-        "tree": [],
-    }
-    jobs = sets[args.set]
+    jobs = [job for name in args.set.split(",") for job in SETS[name]]
     if args.tiny:
         jobs = (
             [dataclasses.replace(j, length=128, batches=(2 * j.microbatches,)) for j in jobs]

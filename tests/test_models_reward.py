@@ -274,6 +274,44 @@ def test_swiglu_hand_written_backward_equals_autodiff():
     assert float(jnp.max(jnp.abs(got[0] - got[1]))) > 0.1
 
 
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_rope_rotation_as_a_product_equals_the_two_halves(dtype):
+    """`Kernels.rope_matmul` (the TPU's formulation) rotates by a product with a [D, D] matrix
+    of 0 and +-1: the same values as the slices-and-concatenation form, exactly (each output
+    takes one input, at the highest precision), for both halves of the head; the same float32
+    gradients, and bf16 gradients within one bf16 step."""
+    from rewardax.models.transformer import apply_rope, rope_cos_sin, rope_inverse_frequencies
+
+    config = tiny_config("llama")
+    d = config.resolved_head_dim
+    keys = jax.random.split(jax.random.key(5), 2)
+    x = jax.random.normal(keys[0], (2, 9, 3, d)).astype(dtype)
+    cotangent = jax.random.normal(keys[1], x.shape)
+    positions = jnp.broadcast_to(jnp.arange(9) * 37, (2, 9))
+    cos, sin = rope_cos_sin(positions, *rope_inverse_frequencies(config))
+
+    def loss(x, by_matmul):
+        return jnp.sum(cotangent * apply_rope(x, cos, sin, by_matmul).astype(jnp.float32))
+
+    want, got = (apply_rope(x, cos, sin, by_matmul) for by_matmul in (False, True))
+    np.testing.assert_array_equal(np.asarray(got, np.float32), np.asarray(want, np.float32))
+    grads = [np.asarray(jax.grad(loss)(x, m), np.float32) for m in (False, True)]
+    if dtype == "float32":
+        np.testing.assert_array_equal(grads[1], grads[0])
+    else:
+        # The product's backward takes the cotangent in x's dtype: its rotated term is rounded
+        # to bf16 once before the sum is, so the two differ by at most one bf16 step (2^-7
+        # relative).
+        step = np.maximum(np.abs(grads[0]), 1.0) * 2.0**-7
+        assert np.all(np.abs(grads[1] - grads[0]) <= step)
+        assert np.mean(grads[1] == grads[0]) > 0.5
+    # A rotation that did nothing, or rotated one half only, would differ from x * cos there.
+    plain = x.astype(jnp.float32) * cos[:, :, None, :]
+    half = d // 2
+    for part in (slice(None, half), slice(half, None)):
+        assert float(jnp.max(jnp.abs(got[..., part].astype(jnp.float32) - plain[..., part]))) > 0.1
+
+
 def test_scanned_layers_equal_unrolled_layers(monkeypatch):
     """Decoders of at most UNROLLED_MAX_LAYERS layers run them unrolled, deeper ones as a scan:
     the two programs must give the same rewards and gradients (the tiny test models take the

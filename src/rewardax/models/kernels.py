@@ -78,6 +78,11 @@ class Kernels:
         and "offload_attention" (benchmarks/results/remat_memory_v5e_2026-12-06.md), paid in
         two relayout copies per residual per step: on a v5e chip "save_attention" steps were
         1.8-4.3% slower (benchmarks/results/tpu_v5e_2026-12-06c_offload_attention.md), so off.
+      rope_matmul: RoPE's rotated half as a product with a [D, D] matrix instead of two slices
+        and a concatenation (`transformer.apply_rope`): on a TPU, where half-width slices of
+        a head cost 128-wide tiles and memory passes.
+      unroll_layers: run the decoder's layers unrolled (True) or as a loop (False); None:
+        `transformer.Decoder`'s rule by depth.
       float32_precision: the matmul precision that float32 products are traced under
         (``jax.default_matmul_precision``): "highest" off the CPU, None (as traced) on XLA:CPU.
     """
@@ -93,6 +98,8 @@ class Kernels:
     fused_backward: bool = True
     interpret: bool = False
     dense_residuals: bool = False
+    rope_matmul: bool = False
+    unroll_layers: bool | None = None
     float32_precision: str | None = None
 
     def products(self, matmul_dtype: Any) -> contextlib.AbstractContextManager:
@@ -137,6 +144,7 @@ def select_kernels(setting: str = "auto", backend: str | None = None) -> Kernels
         written_projection_backward=False,
         attention="splash",
         interpret=backend != "tpu",
+        rope_matmul=True,
         float32_precision=precision,
     )
 

@@ -274,13 +274,43 @@ def rope_cos_sin(
     return jnp.cos(emb) * scale, jnp.sin(emb) * scale
 
 
-def apply_rope(x: jax.Array, cos: jax.Array, sin: jax.Array) -> jax.Array:
-    """x: [N, T, heads, D]; cos/sin [N, T, D]. Rotated in float32, returned in x's dtype."""
+def apply_rope(
+    x: jax.Array, cos: jax.Array, sin: jax.Array, rotation_matmul: bool = False
+) -> jax.Array:
+    """x: [N, T, heads, D]; cos/sin [N, T, D]. Rotated in float32, returned in x's dtype.
+
+    The rotated half (``[-x2, x1]`` for x = ``[x1, x2]``) is two slices and a concatenation, or
+    with ``rotation_matmul`` (`Kernels.rope_matmul`) the product of x with a [D, D] matrix of
+    0 and +-1: the same values (each output is one input, exactly, at the highest precision),
+    without arrays of half a head's width. XLA:TPU lays those out in 128-wide tiles (a quarter
+    full for head_dim 64) and wrote them to memory around the rotation, forward and backward:
+    9-12% of a Qwen2.5-0.5B or SmolLM2 step on a v5e (benchmarks/README.md, 2026-12-07).
+    """
     x32 = x.astype(jnp.float32)
-    half = x.shape[-1] // 2
-    rotated = jnp.concatenate([-x32[..., half:], x32[..., :half]], axis=-1)
+    d = x.shape[-1]
+    half = d // 2
+    if rotation_matmul:
+        rotated = jnp.einsum(
+            "nthd,de->nthe",
+            x,
+            jnp.asarray(_rotate_half_matrix(d), x.dtype),
+            precision=jax.lax.Precision.HIGHEST,
+            preferred_element_type=jnp.float32,
+        )
+    else:
+        rotated = jnp.concatenate([-x32[..., half:], x32[..., :half]], axis=-1)
     out = x32 * cos[:, :, None, :] + rotated * sin[:, :, None, :]
     return out.astype(x.dtype)
+
+
+@functools.lru_cache(maxsize=8)
+def _rotate_half_matrix(d: int) -> np.ndarray:
+    """R [D, D] with ``x @ R == concatenate([-x[D/2:], x[:D/2]])`` for x [D]."""
+    half = d // 2
+    r = np.zeros((d, d), np.float32)
+    r[np.arange(half, d), np.arange(half)] = -1.0
+    r[np.arange(half), np.arange(half, d)] = 1.0
+    return r
 
 
 def attention_mask(
@@ -491,7 +521,8 @@ class Attention(nnx.Module):
         q, k, v = project(x, (self.q_proj, self.k_proj, self.v_proj), written)  # [N,T,H|K,D]
         if self.q_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
-        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        by_matmul = kernels.rope_matmul
+        q, k = apply_rope(q, cos, sin, by_matmul), apply_rope(k, cos, sin, by_matmul)
         groups = self.num_heads // self.num_kv_heads
         scale = 1.0 / math.sqrt(self.head_dim)
         md = q.dtype if self.q_proj.matmul_dtype is None else self.q_proj.matmul_dtype
@@ -785,6 +816,8 @@ class Decoder(nnx.Module):
         # Offloading needs the loop: unrolled, XLA:TPU kept device copies of what it offloaded
         # (4 layers: more device memory than "save_attention"; scanned: "full"'s).
         unroll = n <= UNROLLED_MAX_LAYERS and self.remat_policy != "offload_attention"
+        if kernels.unroll_layers is not None:
+            unroll = kernels.unroll_layers
         x, _ = jax.lax.scan(run_layer, x, (stacked, keys), unroll=unroll)
         return self.norm(x)
 
