@@ -1,6 +1,7 @@
 """TPU throughput of RewardTrainer's jitted step, today's kernels against the backend's (issue 28).
 
-    python benchmarks/tpu_bench.py [--set kernels|remat|remat2|tune|offload|offload_attention|microbatch|defaults|tree] [--budget-s 420] [--steps 8] [--out DIR] [--tiny]
+    python benchmarks/tpu_bench.py [--set kernels|remat|remat2|tune|offload|offload_attention|microbatch|save_mlp|profile|rope|defaults|tree]
+        [--budget-s 420] [--steps 8] [--profile N] [--out DIR] [--tiny]
 
 Random-init models of real shapes (SmolLM2-135M, Qwen2.5-0.5B, Qwen2.5-1.5B), bf16 compute, float32
 parameters and Adam moments (bf16 both for 1.5B), padded rows of exactly T tokens, remat `full`,
@@ -23,7 +24,11 @@ Writes one JSON line per result to OUT/tpu_bench.jsonl as it goes (OUT: `--out`,
 ./tpu_bench_out) and rewrites OUT/tpu_bench.md (a table) after each. Every configuration runs in
 its own try/except: an error is a result line, not the end of the run. Configurations that would
 start after `--budget-s` seconds are skipped. `--tiny` runs tiny shapes for a few steps on any
-backend (a check of the script itself; splash in interpret mode off a TPU).
+backend (a check of the script itself; splash in interpret mode off a TPU). Job lists (not
+defaults, tree) combine: `--set profile,save_mlp`; `--jobs` then indexes the combined list.
+`--profile N`: after each job's timing, N more steps traced with `jax.profiler`, their device
+time summed per op into OUT/profile.md (`device_profile.py`), the first job's trace kept as
+OUT/trace.xplane.pb.
 """
 
 from __future__ import annotations

@@ -355,15 +355,23 @@ HIGHEST = (jax.lax.Precision.HIGHEST, jax.lax.Precision.HIGHEST)
 def test_float32_models_run_float32_products_off_the_cpu(setting):
     """A TPU runs float32 matmuls as one bf16 pass unless asked: off the CPU, every product of a
     float32 model, forward and backward (the splash kernel's written backward too), is traced at
-    HIGHEST; with bf16 matmuls only the float32 reward head is. The CPU's program is unchanged."""
+    HIGHEST; with bf16 matmuls only the float32 reward head is, and RoPE's rotation where it is
+    a product. The CPU's program is unchanged."""
     with jax.default_matmul_precision("default"):  # not this module's float32 fixture
         off_cpu = dataclasses.replace(select_kernels(setting, "tpu"), interpret=True)
         assert off_cpu.float32_precision == "highest"
         f32 = _model_gradient_precisions(off_cpu)
         assert len(f32) > 20 and all(p == HIGHEST for p in f32)
-        bf16 = _model_gradient_precisions(off_cpu, matmul_dtype="bfloat16")
+        slices = dataclasses.replace(off_cpu, rope_matmul=False)
+        bf16 = _model_gradient_precisions(slices, matmul_dtype="bfloat16")
         # The float32 reward head, by design: its forward and its two gradients.
         assert sum(p == HIGHEST for p in bf16) == 3 and len(bf16) > 20
+        # RoPE's rotation as a product (`Kernels.rope_matmul`) rotates float32 q and k: its
+        # products, and only they, come in addition, all at HIGHEST (exact).
+        rope = _model_gradient_precisions(off_cpu, matmul_dtype="bfloat16")
+        added = len(rope) - len(bf16)
+        assert added == (4 if off_cpu.rope_matmul else 0)
+        assert sum(p == HIGHEST for p in rope) == 3 + added
         cpu = select_kernels("auto", "cpu")
         assert cpu.float32_precision is None
         assert sum(p == HIGHEST for p in _model_gradient_precisions(cpu)) == 3

@@ -14,6 +14,9 @@ bf16 projections took 1.79 ms where `mixed_matmuls` took 2.28 ms, and the blocke
 | `xla`    | ``x @ w``, autodiff       | `xla_attention`: one einsum softmax, autodiff       |
 | `pallas` | ``x @ w``, autodiff       | `pallas_attention.splash_attention` (TPU kernel)    |
 
+`pallas` also rotates RoPE's half-heads by a product with a [D, D] matrix (`Kernels.rope_matmul`):
+on a v5e the slices of the other form cost 9-12% of a step (benchmarks/README.md, 2026-12-07).
+
 `auto` (the default) is `cpu` on the CPU backend, `pallas` on a TPU and `xla` elsewhere (GPUs).
 The splash kernel covers every layout: causal attention within segments (padding, packed rows,
 GQA) with a static mask, the shared-prompt branch mask and Mistral's sliding window with a mask
