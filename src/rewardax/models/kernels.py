@@ -84,8 +84,6 @@ class Kernels:
       rope_matmul: RoPE's rotated half as a product with a [D, D] matrix instead of two slices
         and a concatenation (`transformer.apply_rope`): on a TPU, where half-width slices of
         a head cost 128-wide tiles and memory passes.
-      unroll_layers: run the decoder's layers unrolled (True) or as a loop (False); None:
-        `transformer.Decoder`'s rule by depth.
       float32_precision: the matmul precision that float32 products are traced under
         (``jax.default_matmul_precision``): "highest" off the CPU, None (as traced) on XLA:CPU.
     """
@@ -102,7 +100,6 @@ class Kernels:
     interpret: bool = False
     dense_residuals: bool = False
     rope_matmul: bool = False
-    unroll_layers: bool | None = None
     float32_precision: str | None = None
 
     def products(self, matmul_dtype: Any) -> contextlib.AbstractContextManager:

@@ -816,8 +816,6 @@ class Decoder(nnx.Module):
         # Offloading needs the loop: unrolled, XLA:TPU kept device copies of what it offloaded
         # (4 layers: more device memory than "save_attention"; scanned: "full"'s).
         unroll = n <= UNROLLED_MAX_LAYERS and self.remat_policy != "offload_attention"
-        if kernels.unroll_layers is not None:
-            unroll = kernels.unroll_layers
         x, _ = jax.lax.scan(run_layer, x, (stacked, keys), unroll=unroll)
         return self.norm(x)
 
