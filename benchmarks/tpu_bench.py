@@ -24,8 +24,9 @@ Writes one JSON line per result to OUT/tpu_bench.jsonl as it goes (OUT: `--out`,
 ./tpu_bench_out) and rewrites OUT/tpu_bench.md (a table) after each. Every configuration runs in
 its own try/except: an error is a result line, not the end of the run. Configurations that would
 start after `--budget-s` seconds are skipped. `--tiny` runs tiny shapes for a few steps on any
-backend (a check of the script itself; splash in interpret mode off a TPU). Job lists (not
-defaults, tree) combine: `--set profile,save_mlp`; `--jobs` then indexes the combined list.
+backend (a check of the script itself; splash in interpret mode off a TPU). Job lists that run on
+`Kernels`' default tiles (not kernels, tune, remat, remat2, defaults, tree) combine: `--set
+profile,save_mlp`; `--jobs` then indexes the combined list.
 `--profile N`: after each job's timing, N more steps traced with `jax.profiler`, their device
 time summed per op into OUT/profile.md (`device_profile.py`), the first job's trace kept as
 OUT/trace.xplane.pb.
@@ -932,9 +933,12 @@ def main() -> None:
     parser.add_argument("--out", default=os.environ.get("OUT") or "tpu_bench_out")
     parser.add_argument("--tiny", action="store_true", help="tiny shapes: checks the script")
     args = parser.parse_args()
-    known = set(SETS)
-    if not set(args.set.split(",")) <= known:
-        parser.error(f"--set {args.set}: choose among {sorted(known)}")
+    names = args.set.split(",")
+    if not set(names) <= set(SETS):
+        parser.error(f"--set {args.set}: choose among {sorted(SETS)}")
+    if len(names) > 1 and set(names) & {"kernels", "tune", "remat", "remat2", "defaults", "tree"}:
+        # Those choose their own tiles or run no job list: combined, they would not.
+        parser.error(f"--set {args.set}: only job lists run on Kernels' default tiles combine")
     if args.tiny:
         args.steps, args.attn_iters = min(args.steps, 2), 1
     rec = Recorder(Path(args.out))
