@@ -43,15 +43,18 @@ def shape_dir(tmp_path_factory):
     return d
 
 
-def run_plan(*args: str, libtpu: bool = True) -> subprocess.CompletedProcess:
+def run_plan(*args: str, libtpu: bool = True, prelude: str = "") -> subprocess.CompletedProcess:
+    """`rewardax plan ARGS`; ``prelude``: Python run first in the same process (a test's patch)."""
     if libtpu and not (LIBTPU / "libtpu").is_dir():
         pytest.fail(f"libtpu is not in {LIBTPU}: `make test` installs it (requirements-tpu.lock)")
     env = {"JAX_PLATFORMS": "cpu", "PATH": str(RX.parent)}
     if libtpu:
         env["PYTHONPATH"] = str(LIBTPU)
-    return subprocess.run(
-        [str(RX), "plan", *args], capture_output=True, text=True, env=env, timeout=600
-    )
+    command = [str(RX), "plan", *args]
+    if prelude:
+        main = "import sys\nfrom rewardax.cli import main\nsys.exit(main(sys.argv[1:]))"
+        command = [sys.executable, "-c", f"{prelude}\n{main}", "plan", *args]
+    return subprocess.run(command, capture_output=True, text=True, env=env, timeout=600)
 
 
 def summary(proc: subprocess.CompletedProcess) -> dict:
@@ -259,3 +262,37 @@ def test_offloaded_attention_residuals_leave_the_chip_for_host_memory(tmp_path):
     # out in the TPU's 128-wide tiles (`Kernels.dense_residuals` off, the default).
     residuals = layers * rows * length * (2 * (heads + kv_heads) * head_dim * 2 + heads * 4)
     assert residuals <= offloaded["host"] <= 2.1 * residuals, (offloaded["host"], residuals)
+
+
+# The step's kernels with each microbatch's gradient added to the sum after its backward pass.
+ADD_AFTER_BACKWARD = """
+import dataclasses
+import rewardax.plan
+select = rewardax.plan.select_kernels
+rewardax.plan.select_kernels = lambda *a: dataclasses.replace(
+    select(*a), accumulate_in_backward=False
+)
+"""
+
+
+def test_accumulating_in_the_backward_pass_drops_the_dense_embedding_gradient(tmp_path):
+    """Compiled for a v5e, a step of 4 microbatches that adds each one's gradient to the sum
+    inside its backward pass (`Kernels.accumulate_in_backward`, the TPU's default) needs one
+    [vocab, hidden] buffer less than adding it after: the embedding's rows go straight into the
+    sum instead of a dense bf16 gradient per microbatch (64 MiB at 131072 x 256)."""
+    vocab, hidden = 131072, 256
+    arch = {**ARCH, "vocab_size": vocab, "hidden_size": hidden, "num_hidden_layers": 2}
+    (tmp_path / "config.json").write_text(json.dumps(arch))
+    common = [
+        "--topology=v5e:1x1",
+        f"--model.path={tmp_path}",
+        "--data.max_sequence_length=256",
+        "--model.remat_policy=full",
+        "--train.per_device_train_batch_size=2",
+        "--train.gradient_accumulation_steps=4",
+    ]
+    inside = summary(run_plan(*common))["hbm_bytes"]
+    after = summary(run_plan(*common, prelude=ADD_AFTER_BACKWARD))["hbm_bytes"]
+    assert inside["arguments"] == after["arguments"]
+    saved = after["temporaries"] - inside["temporaries"]
+    assert saved >= vocab * hidden * 2, (inside, after)

@@ -30,6 +30,7 @@ from flax import nnx
 from jax.ad_checkpoint import checkpoint_name
 
 from rewardax.errors import ConfigError
+from rewardax.models import accumulate
 from rewardax.models.config import ModelConfig
 from rewardax.models.kernels import (
     ATTENTION_OUTPUT,
@@ -782,11 +783,15 @@ class Decoder(nnx.Module):
         kernels: Kernels | None = None,
         deterministic: bool = True,
         dropout_rng: jax.Array | None = None,
+        grad_accumulator: nnx.State | None = None,
     ) -> jax.Array:
         """input_ids int [N, T]; positions int [N, T]; mask bool [N, T, T] (`attention_mask`),
         or `SplashIds` when ``kernels.attention == "splash"`` -> hidden [N, T, E].
         ``kernels``: the formulation of projections and attention (`rewardax.models.kernels`;
-        None = the CPU one).
+        None = the CPU one). ``grad_accumulator``: float32 arrays shaped like (some of) this
+        module's parameters (`nnx.State`, same paths); differentiated with respect to it, the
+        call's gradient is it plus those parameters' gradients, added inside the layer loop
+        (`rewardax.models.accumulate`).
 
         The layers run as one ``lax.scan`` over their stacked parameters: XLA compiles one layer
         instead of ``num_hidden_layers`` copies, so compile time does not grow with depth. Models
@@ -799,10 +804,23 @@ class Decoder(nnx.Module):
         if not deterministic and self.dropout_rate > 0 and dropout_rng is None:
             raise ConfigError("dropout is active (deterministic=False): pass dropout_rng=<key>")
         kernels = kernels or _CPU_KERNELS
-        x = self.embed_tokens(input_ids).astype(self.dtype)
+        acc = grad_accumulator
+        accumulate.check_keys(acc, ("embed_tokens", "layers", "norm"), "the decoder")
+        embed_acc = accumulate.part(acc, "embed_tokens")
+        if embed_acc is None:
+            x = self.embed_tokens(input_ids)
+        else:
+            accumulate.check_keys(embed_acc, ("embedding",), "embed_tokens")
+            table = self.embed_tokens.embedding[...]
+            x = accumulate.embed_into(table, input_ids, embed_acc["embedding"][...])
+        x = x.astype(self.dtype)
         inv_freq, rope_scale = rope_inverse_frequencies(self.config)
         cos, sin = rope_cos_sin(positions, inv_freq, rope_scale)
         graphdef, stacked = nnx.split(self.layers)
+
+        # Routed outside the layer loop: the sum is added once after it, in place (see
+        # `rewardax.models.accumulate` for what routing inside it compiled to).
+        stacked = accumulate.route_gradients(stacked, accumulate.part(acc, "layers"), "layers")
 
         def run_layer(h: jax.Array, per_layer) -> tuple[jax.Array, None]:
             layer_state, key = per_layer
@@ -817,7 +835,7 @@ class Decoder(nnx.Module):
         # (4 layers: more device memory than "save_attention"; scanned: "full"'s).
         unroll = n <= UNROLLED_MAX_LAYERS and self.remat_policy != "offload_attention"
         x, _ = jax.lax.scan(run_layer, x, (stacked, keys), unroll=unroll)
-        return self.norm(x)
+        return accumulate.routed_module(self.norm, accumulate.part(acc, "norm"), "norm")(x)
 
 
 def stack_layers(layers: Sequence[DecoderLayer]) -> DecoderLayer:
