@@ -10,9 +10,9 @@ from flax import nnx
 
 from model_fixtures import EOS, pad_rows, random_rows, scrambled_model, tiny_config
 from rewardax.errors import ConfigError
-from rewardax.models import ModelConfig, RewardModel, RewardOutput
+from rewardax.models import ModelConfig, RewardModel, RewardOutput, transformer
 from rewardax.models.kernels import select_kernels
-from rewardax.models.transformer import remat_fallback
+from rewardax.models.transformer import embed_rows, remat_fallback
 
 
 def _plain_rewards(model, rows):
@@ -548,3 +548,54 @@ def test_remat_fallback_names_why_a_residual_policy_acts_as_full():
     assert remat_fallback("full", "cpu") is None
     assert "cpu_blocked" in remat_fallback("offload_attention", select_kernels("cpu", "cpu"))
     assert "xla" in remat_fallback("save_attention", "xla")
+
+
+def test_embedding_gradients_of_a_repeated_token_are_summed_in_float32():
+    """bf16 compute from float32 parameters: a token read ~1333 times in a batch gets the float32
+    sum of its rows' gradients (`transformer.embed_rows`), not a bf16 one. Control: autodiff of
+    `nnx.Embed`, which casts the table to bf16 before the lookup, sums in bf16."""
+    vocab, width, n = 16, 8, 4000
+    rng = np.random.default_rng(0)
+    table = jnp.asarray(rng.normal(size=(vocab, width)).astype(np.float32))
+    ids = jnp.asarray(rng.integers(0, 3, size=(n,)))  # three tokens, each ~1333 times
+    weights = jnp.asarray(rng.normal(size=(n, width))).astype(jnp.bfloat16)
+    reference = np.zeros((vocab, width))
+    np.add.at(reference, np.asarray(ids), np.asarray(weights, np.float64))
+
+    def loss(rows):
+        return jnp.sum(rows.astype(jnp.bfloat16).astype(jnp.float32) * weights)
+
+    grad = jax.grad(lambda t: loss(embed_rows(t, ids)))(table)
+    assert grad.dtype == jnp.float32
+    scale = np.abs(reference).max()
+    np.testing.assert_allclose(grad, reference, rtol=0, atol=1e-6 * scale)
+    np.testing.assert_array_equal(embed_rows(table, ids), table[ids])
+
+    embed = nnx.Embed(vocab, width, dtype=jnp.bfloat16, param_dtype=jnp.float32, rngs=nnx.Rngs(0))
+    graphdef, state = nnx.split(embed)
+    state["embedding"].set_value(table)
+    control = jax.grad(lambda st: loss(nnx.merge(graphdef, st)(ids)))(state)["embedding"][...]
+    assert np.abs(np.asarray(control) - reference).max() > 1e-2 * scale
+
+    # float32 all the way: the same bits as autodiff of the lookup.
+    plain = jax.grad(lambda t: loss(jnp.take(t, ids, axis=0)))(table)
+    np.testing.assert_array_equal(grad, plain)
+    # A bf16 table gets its float32 sum rounded once to bf16.
+    g16 = jax.grad(lambda t: loss(embed_rows(t, ids)))(table.astype(jnp.bfloat16))
+    assert g16.dtype == jnp.bfloat16
+    np.testing.assert_allclose(
+        np.asarray(g16, np.float64), reference, rtol=2**-8, atol=1e-6 * scale
+    )
+
+
+def test_the_decoder_looks_its_tokens_up_through_embed_rows(monkeypatch):
+    calls = []
+
+    def spy(table, ids):
+        calls.append((table.dtype, ids.shape))
+        return embed_rows(table, ids)
+
+    monkeypatch.setattr(transformer, "embed_rows", spy)
+    model = RewardModel(tiny_config("llama"), dtype="bfloat16", rngs=nnx.Rngs(0))
+    model(jnp.ones((2, 5), jnp.int32))
+    assert calls == [(jnp.float32, (2, 5))]
