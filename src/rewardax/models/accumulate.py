@@ -7,16 +7,19 @@ microbatch (zero-filled, its rows scatter-added) and a pass that adds it to the 
 at 8 x 2048 tokens on a TPU v5e spent 16 ms of a 926 ms step in that add alone
 (benchmarks/results/tpu_v5e_2026-12-07_rope_ops.md).
 
-Here the sum goes into the model, and the step differentiates with respect to it: each
-parameter's value passes through `gradient_into(value, sum)`, whose gradient with respect to
-``sum`` is ``sum + the value's gradient``, and the embedding's lookup through `embed_into`, whose
-gradient is the sum with the looked-up rows' gradients scatter-added into it, in place: compiled
-for a v5e, the per-microbatch dense gradient, its zero fill and its add are gone from the
-program. `route_gradients` applies `gradient_into` by path to a module's parameter state; the
-layers' stacked parameters are routed outside the layer loop (inside it, next to the weight-
-gradient matmuls, XLA:TPU fused the add into them but then copied each stacked gradient into the
-microbatch loop's carry: the same memory passes, 0.1 GiB more). `kernels.Kernels.
-accumulate_in_backward` says where it is used.
+Here the sum goes into the model, and the step differentiates with respect to it:
+
+- each parameter's value passes through `gradient_into(value, sum)`, whose gradient with respect
+  to ``sum`` is ``sum + the value's gradient`` (`route_gradients` applies it by path to a
+  module's parameter state);
+- the embedding's lookup is `embed_into`, whose gradient is the sum with the looked-up rows'
+  gradients scatter-added into it, in place. Compiled for a v5e, the per-microbatch dense
+  gradient, its zero fill and its add are gone from the program.
+
+The layers' stacked parameters are routed outside the layer loop. Inside it, next to the
+weight-gradient matmuls, XLA:TPU fused the add into them but then copied each stacked gradient
+into the microbatch loop's carry: the same memory passes, and 0.1 GiB more.
+`Kernels.accumulate_in_backward` (`rewardax.models.kernels`) says where this is used.
 """
 
 from __future__ import annotations
