@@ -77,8 +77,8 @@ def _param(
 class RMSNorm(nnx.Module):
     """Root-mean-square norm, computed in float32, rounded to x's dtype and scaled by the weight
     (as HF does): the product in float32, rounded once to x's dtype. With bf16 x a bf16 product
-    summed the weight's gradient over every token in bf16 (16384 tokens: up to 1.6% off on
-    XLA:CPU); in float32 it is summed in float32 (tests/test_models_reward.py). A bf16 weight
+    summed the weight's gradient over every token in bf16 (16384 tokens: up to 2.1% off on
+    XLA:CPU, benchmarks/bf16_gradient_sums.py); in float32 it is summed in float32 (tests/test_models_reward.py). A bf16 weight
     gives the same values as before; a float32 one is no longer rounded before the product
     (as PyTorch's float32 weight times bf16 activations)."""
 
@@ -736,8 +736,8 @@ def embed_rows(table: jax.Array, ids: jax.Array) -> jax.Array:
 
     Its gradient sums each row's gradients in float32 and rounds once to table's dtype. Autodiff
     of a lookup of a table cast to bf16 (`nnx.Embed` with bf16 compute, which casts the table
-    before the lookup) scatter-adds them in bf16: a token read 1333 times in a batch got its
-    gradient 1.8% off on average, up to 10% (tests/test_models_reward.py), and chat-template
+    before the lookup) scatter-adds them in bf16: a token read ~1333 times in a batch got its
+    gradient up to 3.6% off on XLA:CPU (benchmarks/bf16_gradient_sums.py), and chat-template
     tokens occur in every row.
     """
     return jnp.take(table, ids, axis=0)
