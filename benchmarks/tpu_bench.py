@@ -1,6 +1,6 @@
 """TPU throughput of RewardTrainer's jitted step, today's kernels against the backend's (issue 28).
 
-    python benchmarks/tpu_bench.py [--set kernels|remat|remat2|tune|offload|offload_attention|microbatch|save_mlp|profile|rope|accumulate|defaults|tree]
+    python benchmarks/tpu_bench.py [--set kernels|remat|remat2|tune|offload|offload_attention|microbatch|save_mlp|profile|rope|defaults|tree]
         [--budget-s 420] [--steps 8] [--profile N] [--out DIR] [--tiny]
 
 Random-init models of real shapes (SmolLM2-135M, Qwen2.5-0.5B, Qwen2.5-1.5B), bf16 compute, float32
@@ -285,34 +285,6 @@ ROPE_JOBS = [
     Job("smollm2-135m", 512, "pallas", (32,), remat="save_attention_mlp", microbatches=2),
     Job("qwen2.5-1.5b", 2048, "pallas", (2,), param_dtype="bfloat16", remat="full"),
     Job("smollm2-135m", 2048, "pallas", (16,), remat="none", microbatches=8),
-]
-# `--set accumulate`: each microbatch's gradient added to the step's sum inside its backward pass
-# (`Kernels.accumulate_in_backward`, on with splash since 2026-12-07: the embedding's rows go
-# straight into the sum, no dense [vocab, hidden] gradient and add per microbatch), and once added
-# after it (the same pairs: A/B in one run). Qwen2.5-0.5B's 151936-token vocabulary: 16 ms of
-# its 926 ms step at 8 x 2048 went to that add (benchmarks/results/tpu_v5e_2026-12-07_rope_ops.md).
-ADD_AFTER = dict(accumulate_in_backward=False)
-ACCUMULATE_JOBS = [
-    Job("qwen2.5-0.5b", 2048, "pallas", (8,), remat="save_attention", microbatches=8),
-    Job(
-        "qwen2.5-0.5b",
-        2048,
-        "pallas",
-        (8,),
-        remat="save_attention",
-        microbatches=8,
-        tiles=ADD_AFTER,
-    ),
-    Job("smollm2-135m", 2048, "pallas", (16,), remat="save_attention_mlp", microbatches=8),
-    Job(
-        "smollm2-135m",
-        2048,
-        "pallas",
-        (16,),
-        remat="save_attention_mlp",
-        microbatches=8,
-        tiles=ADD_AFTER,
-    ),
 ]
 TINY_JOBS = [
     Job("qwen2.5-0.5b", 256, "pallas", (4, 2)),
@@ -635,8 +607,6 @@ def train_job(job: Job, kernels: Kernels, args, rec: Recorder, workdir: str) -> 
     base["attention"] = tile_name(chosen) if chosen.attention == "splash" else chosen.attention
     if chosen.attention == "splash" and not chosen.rope_matmul:
         base["attention"] += " (rope: slices)"
-    if job.microbatches > 1 and not chosen.accumulate_in_backward:
-        base["attention"] += " (grads summed after backward)"
     if chosen.attention == "splash" and chosen.dense_residuals:
         base["remat"] += " (dense residuals)"
     for pairs in job.batches:
@@ -934,7 +904,6 @@ SETS = {  # --set NAME: its job list (defaults and tree have their own)
     "save_mlp": SAVE_MLP_JOBS,
     "profile": PROFILE_JOBS,
     "rope": ROPE_JOBS,
-    "accumulate": ACCUMULATE_JOBS,
     "defaults": [],
     "tree": [],
 }

@@ -11,7 +11,6 @@ It prints nothing useful; everything the tests assert on is written to OUT.json 
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import os
 import sys
@@ -233,29 +232,8 @@ def case_splash_tree_mesh_parity() -> dict:
     )
 
 
-def case_accumulate_mesh_parity() -> dict:
-    """Two microbatches per step, each one's gradient added to the sum inside its backward
-    pass (`kernels.Kernels.accumulate_in_backward`, on with the `xla` kernels: the embedding's
-    rows scatter-added into a sum split over the mesh) against the one-device step that adds
-    them after it."""
-    model = tiny_model(hidden=128, mlp=64, kernels="xla")
-    return mesh_parity(
-        model,
-        "accumulate",
-        name="sgd",
-        learning_rate=0.3,
-        gradient_accumulation_steps=2,
-        per_device_train_batch_size=2,
-        reference_adds_after=True,
-    )
-
-
 def mesh_parity(
-    model: rx.RewardModel,
-    run_name: str,
-    rows: list[dict] | None = None,
-    reference_adds_after: bool = False,
-    **settings,
+    model: rx.RewardModel, run_name: str, rows: list[dict] | None = None, **settings
 ) -> dict:
     tok = tiny_tokenizer()
     rows = pairs(64) if rows is None else rows
@@ -272,20 +250,8 @@ def mesh_parity(
     trainer.train()
 
     # Reference: the same step function, the same batches, everything on one device.
-    graphdef = trainer.state.graphdef
-    if reference_adds_after:  # the microbatches' gradients summed after each backward pass
-        reference_model = trainer.state.model
-        kernels = reference_model.resolved_kernels()
-        assert kernels.accumulate_in_backward
-        reference_model.kernels = dataclasses.replace(kernels, accumulate_in_backward=False)
-        graphdef = nnx.split(reference_model, nnx.Param, ...)[0]
     step = jax.jit(
-        make_train_step(
-            graphdef,
-            trainer.optimizer,
-            trainer.schedule,
-            accumulation_steps=trainer.config.train.gradient_accumulation_steps,
-        ),
+        make_train_step(trainer.state.graphdef, trainer.optimizer, trainer.schedule),
         donate_argnums=(0,),
     )
     arrays = jax.device_put(start, jax.devices()[0])
@@ -556,7 +522,6 @@ CASES = {
     "mesh_parity": case_mesh_parity,
     "splash_mesh_parity": case_splash_mesh_parity,
     "splash_tree_mesh_parity": case_splash_tree_mesh_parity,
-    "accumulate_mesh_parity": case_accumulate_mesh_parity,
     "memory": case_memory,
     "reshard": case_reshard,
     "train_distributed": case_train_distributed,

@@ -603,8 +603,9 @@ def test_the_decoder_looks_its_tokens_up_through_embed_rows(monkeypatch):
 
 def test_norm_weight_and_bias_gradients_are_summed_in_float32_under_bf16_compute():
     """A norm's weight and a projection's bias get gradients summed over every token (here 16384):
-    with bf16 activations they are summed in float32 (`RMSNorm`, `project`), not bf16 (up to
-    2.1% off for the norm on XLA:CPU, benchmarks/bf16_gradient_sums.py)."""
+    with bf16 activations they are summed in float32 (`RMSNorm`, `project`) and rounded once to
+    the bf16 copy of the parameter, not summed in bf16 (up to 2.1% off for the norm on XLA:CPU,
+    benchmarks/bf16_gradient_sums.py)."""
     rng = np.random.default_rng(0)
     x = jnp.asarray(rng.normal(size=(8, 2048, 64)), jnp.bfloat16)
     weights = jnp.asarray(rng.normal(size=(8, 2048, 64)), jnp.bfloat16)
@@ -620,7 +621,8 @@ def test_norm_weight_and_bias_gradients_are_summed_in_float32_under_bf16_compute
     normed = x64 / np.sqrt(np.mean(x64 * x64, axis=-1, keepdims=True) + 1e-6)
     normed = np.asarray(jnp.asarray(normed, jnp.float32).astype(jnp.bfloat16), np.float64)
     reference = np.sum(normed * np.asarray(weights, np.float64), axis=(0, 1))
-    np.testing.assert_allclose(grad, reference, rtol=0, atol=1e-4 * np.abs(reference).max())
+    # Summed in float32, then rounded once to the weight's bf16 copy (a bf16 sum: 2.1e-2).
+    np.testing.assert_allclose(grad, reference, rtol=0, atol=5e-3 * np.abs(reference).max())
 
     proj = transformer.Projection(
         (64,),
@@ -633,4 +635,4 @@ def test_norm_weight_and_bias_gradients_are_summed_in_float32_under_bf16_compute
     )
     grad = np.asarray(weight_grad(proj)["bias"][...], np.float64)
     reference = np.sum(np.asarray(weights, np.float64), axis=(0, 1))  # d(sum(y * w)) / d bias
-    np.testing.assert_allclose(grad, reference, rtol=0, atol=1e-6 * np.abs(reference).max())
+    np.testing.assert_allclose(grad, reference, rtol=0, atol=3e-3 * np.abs(reference).max())

@@ -144,17 +144,6 @@ def test_splash_attention_on_the_shared_prompt_tree_runs_per_shard(tmp_path):
     assert out["max_param_diff"] < 1e-6
 
 
-def test_gradients_accumulated_in_the_backward_pass_on_a_mesh(tmp_path):
-    """dp 2 x fsdp 2 x tp 2, two microbatches per step, each one's gradient added to the sum
-    inside its backward pass (the embedding's rows scatter-added into a split sum): the
-    one-device step that adds them after it, over 5 SGD steps."""
-    out = run_worker("accumulate_mesh_parity", 8, tmp_path)
-    assert len(out["losses"]) == 5
-    np.testing.assert_allclose(out["losses"], out["reference_losses"], rtol=0, atol=5e-5)
-    assert out["params_moved"] > 1e-2
-    assert out["max_param_diff"] < 1e-4
-
-
 def test_weight_matrices_are_really_split(parity):
     lay = parity["layout"]
 

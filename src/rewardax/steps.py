@@ -21,7 +21,6 @@ objectives' mean losses are summed with their weights (`objective_sums`,
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Callable
 from typing import Any
 
@@ -265,10 +264,8 @@ def make_train_step(
         def metrics_from_sums(sums):
             return losses.objective_metrics_from_sums(sums, weights)
 
-    def micro_loss(params, rest, micro: Batch, total_pairs, rng, grad_accumulator=None):
+    def micro_loss(params, rest, micro: Batch, total_pairs, rng):
         model = nnx.merge(graphdef, params, rest)
-        if grad_accumulator is not None:  # called like the model, by the functions below
-            model = functools.partial(model, grad_accumulator=grad_accumulator)
         if names is not None:  # total_pairs: {objective: its scored rows in the whole batch}
             sums = objective_sums(group_logits(model, micro, dropout_rng=rng), micro, names)
             means = {n: sums[f"loss/{n}"] / total_pairs[n] for n in names}
@@ -284,13 +281,6 @@ def make_train_step(
         return sums["loss"] / total_pairs, sums
 
     grad_fn = jax.grad(micro_loss, has_aux=True)
-
-    def accumulated(grad_accumulator, params, rest, micro: Batch, total_pairs, rng):
-        return micro_loss(params, rest, micro, total_pairs, rng, grad_accumulator)
-
-    # Its gradient with respect to the running sum is the sum plus the microbatch's gradient
-    # (`rewardax.models.accumulate`).
-    accumulate_fn = jax.grad(accumulated, has_aux=True)
 
     def train_step(arrays: Arrays, batch: Batch):
         if accumulation_steps > 1 and "reward_slot" in batch:
@@ -312,19 +302,12 @@ def make_train_step(
             total_pairs = objective_totals(batch, names)
         step_key = jax.random.fold_in(jax.random.wrap_key_data(arrays["rng"]), step)
 
-        # Off the CPU each microbatch's gradient is added to the sum inside its backward pass
-        # (fused there into the weight-gradient matmuls on a TPU), not in a pass of its own.
-        in_backward = nnx.merge(graphdef, params, rest).resolved_kernels().accumulate_in_backward
-
         def body(carry, xs):
             grads_acc, sums_acc = carry
             index, mb = xs
             rng = jax.random.fold_in(step_key, index) if dropout else None
-            if in_backward:
-                grads_acc, sums = accumulate_fn(grads_acc, params, rest, mb, total_pairs, rng)
-            else:
-                grads, sums = grad_fn(params, rest, mb, total_pairs, rng)
-                grads_acc = jax.tree.map(jnp.add, grads_acc, grads)
+            grads, sums = grad_fn(params, rest, mb, total_pairs, rng)
+            grads_acc = jax.tree.map(jnp.add, grads_acc, grads)
             sums_acc = jax.tree.map(jnp.add, sums_acc, sums)
             return (grads_acc, sums_acc), None
 

@@ -14,8 +14,6 @@ bf16 projections took 1.79 ms where `mixed_matmuls` took 2.28 ms, and the blocke
 | `xla`    | ``x @ w``, autodiff       | `xla_attention`: one einsum softmax, autodiff       |
 | `pallas` | ``x @ w``, autodiff       | `pallas_attention.splash_attention` (TPU kernel)    |
 
-Off the CPU, a step of several microbatches also adds each one's gradient into the running sum
-inside the backward pass (`Kernels.accumulate_in_backward`, `rewardax.models.accumulate`).
 `pallas` also rotates RoPE's half-heads by a product with a [D, D] matrix (`Kernels.rope_matmul`):
 on a v5e the slices of the other form cost 9-12% of a step (benchmarks/README.md, 2026-12-07).
 
@@ -88,10 +86,6 @@ class Kernels:
         a head cost 128-wide tiles and memory passes.
       float32_precision: the matmul precision that float32 products are traced under
         (``jax.default_matmul_precision``): "highest" off the CPU, None (as traced) on XLA:CPU.
-      accumulate_in_backward: a step of several microbatches adds each one's gradient into the
-        running float32 sum inside the backward pass, where the gradient is made
-        (`rewardax.models.accumulate`), instead of in a pass of its own over every parameter
-        per microbatch. Off on the CPU, whose tuned step stays as it was.
     """
 
     name: str
@@ -107,7 +101,6 @@ class Kernels:
     dense_residuals: bool = False
     rope_matmul: bool = False
     float32_precision: str | None = None
-    accumulate_in_backward: bool = False
 
     def products(self, matmul_dtype: Any) -> contextlib.AbstractContextManager:
         """The context to trace the model's products in, for matmul inputs of ``matmul_dtype``:
@@ -144,11 +137,7 @@ def select_kernels(setting: str = "auto", backend: str | None = None) -> Kernels
         )
     if setting == "xla":
         return Kernels(
-            "xla",
-            written_projection_backward=False,
-            attention="xla",
-            float32_precision=precision,
-            accumulate_in_backward=True,
+            "xla", written_projection_backward=False, attention="xla", float32_precision=precision
         )
     return Kernels(
         "pallas",
@@ -157,7 +146,6 @@ def select_kernels(setting: str = "auto", backend: str | None = None) -> Kernels
         interpret=backend != "tpu",
         rope_matmul=True,
         float32_precision=precision,
-        accumulate_in_backward=True,
     )
 
 

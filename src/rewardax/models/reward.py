@@ -11,7 +11,6 @@ import jax.numpy as jnp
 from flax import nnx, struct
 
 from rewardax.errors import ConfigError
-from rewardax.models import accumulate
 from rewardax.models.config import ModelConfig
 from rewardax.models.hf import save_pretrained
 from rewardax.models.kernels import KERNEL_SETTINGS, Kernels, compute_dtype, select_kernels
@@ -157,7 +156,6 @@ class RewardModel(nnx.Module):
         deterministic: bool = True,
         dropout_rng: jax.Array | None = None,
         output_hidden_states: bool = False,
-        grad_accumulator: nnx.State | None = None,
     ) -> RewardOutput:
         """Rewards for a batch of (possibly padded, packed or prompt-sharing) rows.
 
@@ -176,11 +174,6 @@ class RewardModel(nnx.Module):
           dropout_rng: a PRNG key for dropout (pure train steps pass one per step); None =
             the model's own ``rngs`` stream.
           output_hidden_states: also return the final hidden states [N, T, E].
-          grad_accumulator: float32 arrays shaped like (some of) the model's parameters
-            (an `nnx.State` with their paths, e.g. the running sum of a step's microbatch
-            gradients). Differentiated with respect to it, the call's gradient is it plus those
-            parameters' gradients, added where each gradient is made
-            (`rewardax.models.accumulate`); the values returned are the same.
 
         Returns:
           RewardOutput with float32 ``logits``.
@@ -196,9 +189,8 @@ class RewardModel(nnx.Module):
             positions = default_positions(attention_mask)
         if segment_ids is None:
             segment_ids = attention_mask
-        acc = grad_accumulator
-        accumulate.check_keys(acc, ("model", "score"), "the reward model")
-        kernels = self.resolved_kernels()
+        chosen = self.kernels
+        kernels = chosen if isinstance(chosen, Kernels) else select_kernels(chosen)
         if kernels.attention == "splash":  # the kernel builds the mask from the ids
             window = self.config.sliding_window is not None
             mask = SplashIds(segment_ids, branch_ids, positions if window else None)
@@ -214,7 +206,6 @@ class RewardModel(nnx.Module):
                 kernels=kernels,
                 deterministic=deterministic,
                 dropout_rng=dropout_rng,
-                grad_accumulator=accumulate.part(acc, "model"),
             )
 
         if reward_positions is None:
@@ -230,19 +221,13 @@ class RewardModel(nnx.Module):
             )
         # The head runs in float32 on the few picked positions: rewards are compared across
         # pairs, and bf16 (8 bits of mantissa) would round away small margins.
-        score = accumulate.routed_module(self.score, accumulate.part(acc, "score"), "score")
         logits = jax.lax.dot_general(
             picked.astype(jnp.float32),
-            score.kernel[...].astype(jnp.float32),
+            self.score.kernel[...].astype(jnp.float32),
             (((picked.ndim - 1,), (0,)), ((), ())),
             precision=jax.lax.Precision.HIGHEST,
         )
         return RewardOutput(logits=logits, hidden_states=hidden if output_hidden_states else None)
-
-    def resolved_kernels(self) -> Kernels:
-        """The formulation the model runs on this backend (``kernels`` with `auto` resolved)."""
-        chosen = self.kernels
-        return chosen if isinstance(chosen, Kernels) else select_kernels(chosen)
 
     def save_pretrained(
         self,

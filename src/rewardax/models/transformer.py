@@ -30,7 +30,6 @@ from flax import nnx
 from jax.ad_checkpoint import checkpoint_name
 
 from rewardax.errors import ConfigError
-from rewardax.models import accumulate
 from rewardax.models.config import ModelConfig
 from rewardax.models.kernels import (
     ATTENTION_OUTPUT,
@@ -76,11 +75,10 @@ def _param(
 
 class RMSNorm(nnx.Module):
     """Root-mean-square norm, computed in float32, rounded to x's dtype and scaled by the weight
-    (as HF does): the product in float32, rounded once to x's dtype. With bf16 x a bf16 product
-    summed the weight's gradient over every token in bf16 (16384 tokens: up to 2.1% off on
-    XLA:CPU, benchmarks/bf16_gradient_sums.py); in float32 it is summed in float32 (tests/test_models_reward.py). A bf16 weight
-    gives the same values as before; a float32 one is no longer rounded before the product
-    (as PyTorch's float32 weight times bf16 activations)."""
+    in x's dtype (as HF does). The product of the two rounded factors is taken in float32 and
+    rounded once: the same values as a product in x's dtype, but the weight's gradient, a sum over
+    every token, is summed in float32. A bf16 product summed it in bf16 (16384 tokens: up to 2.1%
+    off on XLA:CPU, benchmarks/bf16_gradient_sums.py; tests/test_models_reward.py)."""
 
     def __init__(self, dim: int, eps: float, *, names: tuple[str, ...], param_dtype: Any):
         self.weight = _param(None, (dim,), names, param_dtype, std=None)
@@ -90,8 +88,8 @@ class RMSNorm(nnx.Module):
         """x: [..., dim] -> [..., dim] in x's dtype."""
         x32 = x.astype(jnp.float32)
         normed = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + self.eps)
-        rounded = normed.astype(x.dtype).astype(jnp.float32)
-        return (self.weight[...].astype(jnp.float32) * rounded).astype(x.dtype)
+        weight = self.weight[...].astype(x.dtype).astype(jnp.float32)
+        return (weight * normed.astype(x.dtype).astype(jnp.float32)).astype(x.dtype)
 
 
 class Projection(nnx.Module):
@@ -167,8 +165,10 @@ def project(
             b = b.reshape(b.shape[0], -1).astype(x2.dtype)
             y = y + (jnp.dot(jnp.dot(x2, a), b) * p.lora_scale).astype(y.dtype)
         y = y.reshape(*lead, *k.shape[n_in:])
-        if p.bias is not None:  # added in float32: its gradient sums over every token
-            y = (y.astype(jnp.float32) + p.bias[...].astype(jnp.float32)).astype(x.dtype)
+        if p.bias is not None:  # rounded to x's dtype, added in float32: its gradient, a sum over
+            # every token, is summed in float32 (then rounded once to the bias's bf16 copy)
+            bias = p.bias[...].astype(x.dtype).astype(jnp.float32)
+            y = (y.astype(jnp.float32) + bias).astype(x.dtype)
         out.append(y)
     return tuple(out)
 
@@ -815,16 +815,11 @@ class Decoder(nnx.Module):
         kernels: Kernels | None = None,
         deterministic: bool = True,
         dropout_rng: jax.Array | None = None,
-        grad_accumulator: nnx.State | None = None,
     ) -> jax.Array:
         """input_ids int [N, T]; positions int [N, T]; mask bool [N, T, T] (`attention_mask`),
         or `SplashIds` when ``kernels.attention == "splash"`` -> hidden [N, T, E].
         ``kernels``: the formulation of projections and attention (`rewardax.models.kernels`;
-        None = the CPU one). ``grad_accumulator``: float32 arrays shaped like (some of) this
-        module's parameters (`nnx.State`, same paths); differentiated with respect to it, the
-        call's gradient is it plus those parameters' gradients: the embedding's rows
-        scatter-added into it, the rest added once after the backward pass
-        (`rewardax.models.accumulate`).
+        None = the CPU one).
 
         The layers run as one ``lax.scan`` over their stacked parameters: XLA compiles one layer
         instead of ``num_hidden_layers`` copies, so compile time does not grow with depth. Models
@@ -837,25 +832,12 @@ class Decoder(nnx.Module):
         if not deterministic and self.dropout_rate > 0 and dropout_rng is None:
             raise ConfigError("dropout is active (deterministic=False): pass dropout_rng=<key>")
         kernels = kernels or _CPU_KERNELS
-        acc = grad_accumulator
-        accumulate.check_keys(acc, ("embed_tokens", "layers", "norm"), "the decoder")
-        embed_acc = accumulate.part(acc, "embed_tokens")
-        # The rows are looked up in the table's dtype and cast after: the gradient then sums
-        # each row's share in float32 (`embed_rows`), or in the accumulator (`embed_into`).
-        table = self.embed_tokens.embedding[...]
-        if embed_acc is None:
-            x = embed_rows(table, input_ids)
-        else:
-            accumulate.check_keys(embed_acc, ("embedding",), "embed_tokens")
-            x = accumulate.embed_into(table, input_ids, embed_acc["embedding"][...])
-        x = x.astype(self.dtype)
+        # Looked up in the table's dtype and cast after: the gradient then sums each row's
+        # share in float32 (`embed_rows`).
+        x = embed_rows(self.embed_tokens.embedding[...], input_ids).astype(self.dtype)
         inv_freq, rope_scale = rope_inverse_frequencies(self.config)
         cos, sin = rope_cos_sin(positions, inv_freq, rope_scale)
         graphdef, stacked = nnx.split(self.layers)
-
-        # Routed outside the layer loop: the sum is added once after it, in place (see
-        # `rewardax.models.accumulate` for what routing inside it compiled to).
-        stacked = accumulate.route_gradients(stacked, accumulate.part(acc, "layers"), "layers")
 
         def run_layer(h: jax.Array, per_layer) -> tuple[jax.Array, None]:
             layer_state, key = per_layer
@@ -870,7 +852,7 @@ class Decoder(nnx.Module):
         # (4 layers: more device memory than "save_attention"; scanned: "full"'s).
         unroll = n <= UNROLLED_MAX_LAYERS and self.remat_policy != "offload_attention"
         x, _ = jax.lax.scan(run_layer, x, (stacked, keys), unroll=unroll)
-        return accumulate.routed_module(self.norm, accumulate.part(acc, "norm"), "norm")(x)
+        return self.norm(x)
 
 
 def stack_layers(layers: Sequence[DecoderLayer]) -> DecoderLayer:
