@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Issue 28 on one TPU v5e chip: install (../shared/TPU.md recipe, .whl-tpu carried along), then
 # benchmarks/tpu_bench.py (results in $OUT/tpu_bench.jsonl and $OUT/tpu_bench.md as it goes, log in
-# $OUT/log), then, in the time left of ~570 s, the attention and model tests in one process
-# ($OUT/tests.log). Usage on the chip: bash benchmarks/tpu_run.sh [extra tpu_bench.py arguments]
+# $OUT/log; BENCH=benchmarks/other.py runs another script taking --budget-s and --out), then,
+# in the time left of ~570 s, the attention and model tests in one process ($OUT/tests.log).
+# Usage on the chip: bash benchmarks/tpu_run.sh [extra tpu_bench.py arguments]
 # Environment: LIMIT_S (whole run), BENCH_S (the bench's budget; 0: no bench), TESTS, PYTEST_ARGS,
 # TORCH=1 (install the machine's torch CPU wheel, for the parity tests), CHECK=1 (first:
 # benchmarks/export_roundtrip_check.py), RECIPE=1 (last: the default job, see below).
@@ -38,7 +39,7 @@ fi
 # The bench starts no configuration after its budget; the last one may run ~60 s past it.
 BUDGET=${BENCH_S:-$((LIMIT_S - SECONDS - 150))}
 if [ "$BUDGET" -gt 0 ]; then
-  python3 benchmarks/tpu_bench.py --budget-s "$BUDGET" --out "$OUT" "$@" 2>&1 | tee -a "$OUT/log"
+  python3 "${BENCH:-benchmarks/tpu_bench.py}" --budget-s "$BUDGET" --out "$OUT" "$@" 2>&1 | tee -a "$OUT/log"
   echo "bench exit ${PIPESTATUS[0]} after ${SECONDS}s" | tee -a "$OUT/log"
 fi
 LEFT=$((LIMIT_S - SECONDS))
