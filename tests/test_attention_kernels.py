@@ -313,6 +313,9 @@ def test_select_kernels_by_backend_and_override():
         False,
     )
     assert (gpu.attention, gpu.written_projection_backward) == ("xla", False)
+    # XLA:TPU sums bf16 reductions in float32 by itself (`Kernels.float32_sums`)
+    assert (cpu.float32_sums, tpu.float32_sums, gpu.float32_sums) == (True, False, True)
+    assert select_kernels("pallas", "cpu").float32_sums
     assert select_kernels("xla", "cpu").attention == "xla"
     assert select_kernels("pallas", "cpu").interpret  # off a TPU: interpret mode
     with pytest.raises(ConfigError, match="kernels="):

@@ -86,6 +86,14 @@ class Kernels:
         a head cost 128-wide tiles and memory passes.
       float32_precision: the matmul precision that float32 products are traced under
         (``jax.default_matmul_precision``): "highest" off the CPU, None (as traced) on XLA:CPU.
+      float32_sums: with bf16 compute, the RMSNorm weight's product and the projection bias's
+        add taken in float32 and rounded once (`transformer.RMSNorm`, `transformer.add_bias`):
+        the same values, their gradients (sums over every token) then summed in float32.
+        XLA:CPU sums the bf16 formulation's gradients in bf16 (up to 2.1% off, 16384 tokens);
+        XLA:TPU sums them in float32 by itself (a v5e: 2.9e-3 against 2.4e-3 for the norm, the
+        same bits for the bias, both within the bf16 rounding of the result), and there the
+        float32 form cost 10 ms of a 407 ms step (Qwen2.5-0.5B, 16 x 512; benchmarks/results/
+        tpu_v5e_2026-12-07c_bf16_sums.md). So off on a TPU, on elsewhere.
     """
 
     name: str
@@ -101,6 +109,7 @@ class Kernels:
     dense_residuals: bool = False
     rope_matmul: bool = False
     float32_precision: str | None = None
+    float32_sums: bool = True
 
     def products(self, matmul_dtype: Any) -> contextlib.AbstractContextManager:
         """The context to trace the model's products in, for matmul inputs of ``matmul_dtype``:
@@ -126,6 +135,7 @@ def select_kernels(setting: str = "auto", backend: str | None = None) -> Kernels
     # `import rewardax` must not do (rewardax.hostmem applies only before the first computation).
     backend = backend or jax.default_backend()
     precision = None if backend == "cpu" else "highest"
+    sums = backend != "tpu"
     if setting == "auto":
         setting = {"cpu": "cpu", "tpu": "pallas"}.get(backend, "xla")
     if setting == "cpu":
@@ -134,10 +144,15 @@ def select_kernels(setting: str = "auto", backend: str | None = None) -> Kernels
             written_projection_backward=True,
             attention="cpu_blocked",
             float32_precision=precision,
+            float32_sums=sums,
         )
     if setting == "xla":
         return Kernels(
-            "xla", written_projection_backward=False, attention="xla", float32_precision=precision
+            "xla",
+            written_projection_backward=False,
+            attention="xla",
+            float32_precision=precision,
+            float32_sums=sums,
         )
     return Kernels(
         "pallas",
@@ -146,6 +161,7 @@ def select_kernels(setting: str = "auto", backend: str | None = None) -> Kernels
         interpret=backend != "tpu",
         rope_matmul=True,
         float32_precision=precision,
+        float32_sums=sums,
     )
 
 

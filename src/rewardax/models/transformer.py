@@ -75,21 +75,23 @@ def _param(
 
 class RMSNorm(nnx.Module):
     """Root-mean-square norm, computed in float32, rounded to x's dtype and scaled by the weight
-    in x's dtype (as HF does). The product of the two rounded factors is taken in float32 and
-    rounded once: the same values as a product in x's dtype, but the weight's gradient, a sum over
-    every token, is summed in float32. A bf16 product summed it in bf16 (16384 tokens: up to 2.1%
-    off on XLA:CPU, benchmarks/bf16_gradient_sums.py; tests/test_models_reward.py)."""
+    in x's dtype (as HF does). With `Kernels.float32_sums` the product of the two rounded factors
+    is taken in float32 and rounded once: the same values as a product in x's dtype, but the
+    weight's gradient, a sum over every token, is summed in float32. XLA:CPU summed a bf16
+    product's gradient in bf16 (16384 tokens: up to 2.1% off, benchmarks/bf16_gradient_sums.py)."""
 
     def __init__(self, dim: int, eps: float, *, names: tuple[str, ...], param_dtype: Any):
         self.weight = _param(None, (dim,), names, param_dtype, std=None)
         self.eps = eps
 
-    def __call__(self, x: jax.Array) -> jax.Array:
-        """x: [..., dim] -> [..., dim] in x's dtype."""
+    def __call__(self, x: jax.Array, kernels: Kernels | None = None) -> jax.Array:
+        """x: [..., dim] -> [..., dim] in x's dtype; ``kernels``: None = `select_kernels("cpu")`'s."""
         x32 = x.astype(jnp.float32)
         normed = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + self.eps)
-        weight = self.weight[...].astype(x.dtype).astype(jnp.float32)
-        return (weight * normed.astype(x.dtype).astype(jnp.float32)).astype(x.dtype)
+        weight, normed = self.weight[...].astype(x.dtype), normed.astype(x.dtype)
+        if not (kernels or _CPU_KERNELS).float32_sums:
+            return weight * normed
+        return (weight.astype(jnp.float32) * normed.astype(jnp.float32)).astype(x.dtype)
 
 
 class Projection(nnx.Module):
@@ -121,13 +123,13 @@ class Projection(nnx.Module):
             _param(None, out_shape, names[self.n_in :], param_dtype, 0.0) if use_bias else None
         )
 
-    def __call__(self, x: jax.Array, written_backward: bool = True) -> jax.Array:
+    def __call__(self, x: jax.Array, kernels: Kernels | None = None) -> jax.Array:
         """x: [..., *in_shape] -> [..., *out_shape] in x's dtype; see `project`."""
-        return project(x, (self,), written_backward)[0]
+        return project(x, (self,), kernels)[0]
 
 
 def project(
-    x: jax.Array, projections: Sequence[Projection], written_backward: bool = True
+    x: jax.Array, projections: Sequence[Projection], kernels: Kernels | None = None
 ) -> tuple[jax.Array, ...]:
     """``p(x)`` for each projection p of the same input x (q/k/v, or gate/up), same contracted
     shape and matmul dtype. With bf16 matmuls, x is cast and kept for the backward pass once for
@@ -135,30 +137,32 @@ def project(
     stored three bf16 copies of the q/k/v input per layer (seen in the compiled HLO of a SmolLM2
     step, where the scan stacks each copy into a [layers, rows, hidden] buffer).
 
-    ``written_backward=False`` (`Kernels.written_projection_backward`, off the CPU) runs the
-    mixed-precision matmuls as plain casts and dots differentiated by autodiff: the written
-    backward and its physical transpose are XLA:CPU tricks, slower on a TPU (issue 28)."""
+    ``kernels`` (None = `select_kernels("cpu")`'s): without
+    `Kernels.written_projection_backward` (off the CPU) the mixed-precision matmuls are plain
+    casts and dots differentiated by autodiff: the written backward and its physical transpose
+    are XLA:CPU tricks, slower on a TPU (issue 28). Biases are added as `add_bias` says."""
+    kernels = kernels or _CPU_KERNELS
     first = projections[0]
     n_in, matmul_dtype = first.n_in, first.matmul_dtype
-    kernels = [p.kernel[...] for p in projections]
-    lead, contracted = x.shape[: x.ndim - n_in], kernels[0].shape[:n_in]
+    weights = [p.kernel[...] for p in projections]
+    lead, contracted = x.shape[: x.ndim - n_in], weights[0].shape[:n_in]
     # One 2-D matmul [rows, in] @ [in, out]: contracting over the row axes N and T at once in
     # the backward pass (dW = x^T dy) made XLA:CPU copy dy transposed in every layer, 20% of
     # a SmolLM2 gradient step (benchmarks/README.md); the reshapes are free.
     x2 = x.reshape(-1, math.prod(contracted))
-    kernels2 = tuple(k.reshape(x2.shape[1], -1) for k in kernels)
+    weights2 = tuple(k.reshape(x2.shape[1], -1) for k in weights)
     if matmul_dtype is None or matmul_dtype == x.dtype:
-        ys = tuple(jnp.dot(x2, k.astype(x.dtype)) for k in kernels2)
-    elif written_backward:
-        ys = mixed_matmuls(x2, kernels2, matmul_dtype)
+        ys = tuple(jnp.dot(x2, k.astype(x.dtype)) for k in weights2)
+    elif kernels.written_projection_backward:
+        ys = mixed_matmuls(x2, weights2, matmul_dtype)
     else:
         xc = x2.astype(matmul_dtype)
         ys = tuple(
             jnp.dot(xc, k.astype(matmul_dtype), preferred_element_type=jnp.float32).astype(x.dtype)
-            for k in kernels2
+            for k in weights2
         )
     out = []
-    for p, k, y in zip(projections, kernels, ys, strict=True):
+    for p, k, y in zip(projections, weights, ys, strict=True):
         if getattr(p, "lora_a", None) is not None:  # `models.lora`: + (alpha / r) x A B
             a = p.lora_a[...].reshape(x2.shape[1], -1).astype(x2.dtype)
             b = p.lora_b[...]
@@ -166,15 +170,18 @@ def project(
             y = y + (jnp.dot(jnp.dot(x2, a), b) * p.lora_scale).astype(y.dtype)
         y = y.reshape(*lead, *k.shape[n_in:])
         if p.bias is not None:
-            y = add_bias(y, p.bias[...])
+            y = add_bias(y, p.bias[...], kernels.float32_sums)
         out.append(y)
     return tuple(out)
 
 
-def add_bias(y: jax.Array, bias: jax.Array) -> jax.Array:
-    """``y + bias`` in y's dtype: the bias rounded to y's dtype, added in float32 and rounded once
-    (the values of an add in y's dtype). The bias's gradient, a sum over every token, is then
-    summed in float32 and rounded once to the bias's copy (bf16: up to 1.8% off, summed in bf16)."""
+def add_bias(y: jax.Array, bias: jax.Array, in_float32: bool = True) -> jax.Array:
+    """``y + bias`` in y's dtype, the bias rounded to y's dtype. ``in_float32``
+    (`Kernels.float32_sums`): added in float32 and rounded once, the same values, but the bias's
+    gradient, a sum over every token, is then summed in float32 and rounded once to the bias's
+    copy (XLA:CPU summed a bf16 add's gradient in bf16: up to 1.8% off)."""
+    if not in_float32:
+        return y + bias.astype(y.dtype)
     return (y.astype(jnp.float32) + bias.astype(y.dtype).astype(jnp.float32)).astype(y.dtype)
 
 
@@ -529,10 +536,9 @@ class Attention(nnx.Module):
         the `SplashIds` the kernel builds the same rule from.
         """
         n, t, _ = x.shape
-        written = kernels.written_projection_backward
-        q, k, v = project(x, (self.q_proj, self.k_proj, self.v_proj), written)  # [N,T,H|K,D]
+        q, k, v = project(x, (self.q_proj, self.k_proj, self.v_proj), kernels)  # [N,T,H|K,D]
         if self.q_norm is not None:
-            q, k = self.q_norm(q), self.k_norm(k)
+            q, k = self.q_norm(q, kernels), self.k_norm(k, kernels)
         by_matmul = kernels.rope_matmul
         q, k = apply_rope(q, cos, sin, by_matmul), apply_rope(k, cos, sin, by_matmul)
         groups = self.num_heads // self.num_kv_heads
@@ -559,13 +565,13 @@ class Attention(nnx.Module):
                 positions=mask.positions,
                 sliding_window=self.sliding_window,
             )
-            return self.o_proj(out.astype(x.dtype), written)
+            return self.o_proj(out.astype(x.dtype), kernels)
         if kernels.attention == "xla":
             q5 = q.reshape(n, t, self.num_kv_heads, groups, self.head_dim).astype(md)
             out = xla_attention(q5, k.astype(md), v.astype(md), mask, scale)
-            return self.o_proj(out.astype(x.dtype).reshape(n, t, self.num_heads, -1), written)
+            return self.o_proj(out.astype(x.dtype).reshape(n, t, self.num_heads, -1), kernels)
         out = blocked_attention(q, k, v, mask, scale, md, x.dtype)
-        return self.o_proj(out, written)
+        return self.o_proj(out, kernels)
 
 
 class MLP(nnx.Module):
@@ -586,11 +592,11 @@ class MLP(nnx.Module):
         self.up_proj = Projection((e,), (m,), ("embed", "mlp"), **kw)
         self.down_proj = Projection((m,), (e,), ("mlp", "embed"), **kw)
 
-    def __call__(self, x: jax.Array, written_backward: bool = True) -> jax.Array:
-        """x [N, T, E] -> [N, T, E]; ``written_backward``: see `project`."""
-        gate, up = project(x, (self.gate_proj, self.up_proj), written_backward)
+    def __call__(self, x: jax.Array, kernels: Kernels | None = None) -> jax.Array:
+        """x [N, T, E] -> [N, T, E]; ``kernels``: see `project`."""
+        gate, up = project(x, (self.gate_proj, self.up_proj), kernels)
         gate, up = checkpoint_name(gate, MLP_PROJECTIONS), checkpoint_name(up, MLP_PROJECTIONS)
-        return self.down_proj(swiglu(gate, up), written_backward)
+        return self.down_proj(swiglu(gate, up), kernels)
 
 
 @jax.custom_vjp
@@ -661,12 +667,12 @@ class DecoderLayer(nnx.Module):
         in `Attention`; ``kernels``: the formulation (None = `select_kernels("cpu")`'s)."""
         kernels = kernels or _CPU_KERNELS
         keys = jax.random.split(dropout_rng) if dropout_rng is not None else (None, None)
-        a = self.self_attn(self.input_layernorm(x), cos, sin, mask, kernels)
+        a = self.self_attn(self.input_layernorm(x, kernels), cos, sin, mask, kernels)
         a = checkpoint_name(a, ATTENTION_OUTPUT)
         if self.dropout is not None:
             a = self.dropout(a, deterministic=deterministic, rngs=keys[0])
         h = x + a
-        f = self.mlp(self.post_attention_layernorm(h), kernels.written_projection_backward)
+        f = self.mlp(self.post_attention_layernorm(h, kernels), kernels)
         if self.dropout is not None:
             f = self.dropout(f, deterministic=deterministic, rngs=keys[1])
         return h + f
@@ -857,7 +863,7 @@ class Decoder(nnx.Module):
         # (4 layers: more device memory than "save_attention"; scanned: "full"'s).
         unroll = n <= UNROLLED_MAX_LAYERS and self.remat_policy != "offload_attention"
         x, _ = jax.lax.scan(run_layer, x, (stacked, keys), unroll=unroll)
-        return self.norm(x)
+        return self.norm(x, kernels)
 
 
 def stack_layers(layers: Sequence[DecoderLayer]) -> DecoderLayer:
