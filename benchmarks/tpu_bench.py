@@ -1,6 +1,6 @@
 """TPU throughput of RewardTrainer's jitted step, today's kernels against the backend's (issue 28).
 
-    python benchmarks/tpu_bench.py [--set kernels|remat|remat2|tune|offload|offload_attention|microbatch|save_mlp|profile|rope|defaults|tree]
+    python benchmarks/tpu_bench.py [--set kernels|remat|remat2|tune|offload|offload_attention|microbatch|save_mlp|profile|rope|accumulate|defaults|tree]
         [--budget-s 420] [--steps 8] [--profile N] [--out DIR] [--tiny]
 
 Random-init models of real shapes (SmolLM2-135M, Qwen2.5-0.5B, Qwen2.5-1.5B), bf16 compute, float32
@@ -285,6 +285,33 @@ ROPE_JOBS = [
     Job("smollm2-135m", 512, "pallas", (32,), remat="save_attention_mlp", microbatches=2),
     Job("qwen2.5-1.5b", 2048, "pallas", (2,), param_dtype="bfloat16", remat="full"),
     Job("smollm2-135m", 2048, "pallas", (16,), remat="none", microbatches=8),
+]
+# `--set accumulate`: gradient accumulation by reference (`Kernels.accumulate_by_reference`, on
+# for a TPU since 2026-12-07 third session: each microbatch's backward pass adds the float32
+# gradients into the step's sums in place). For each of `--set defaults`' shapes: `auto`'s
+# choice before it, by value and by reference; `auto`'s choice with it (the memory it frees
+# lets larger microbatches or less remat fit; compiled, not timed); save_attention_mlp, which
+# now fits Qwen2.5-0.5B.
+BY_VALUE = dict(accumulate_by_reference=False)
+ACCUMULATE_JOBS = [
+    Job(
+        "qwen2.5-0.5b", 2048, "pallas", (8,), remat="save_attention", microbatches=8, tiles=BY_VALUE
+    ),
+    Job("qwen2.5-0.5b", 2048, "pallas", (8,), remat="save_attention", microbatches=8),
+    Job("qwen2.5-0.5b", 2048, "pallas", (8,), remat="save_attention", microbatches=4),
+    Job("qwen2.5-0.5b", 2048, "pallas", (8,), remat="save_attention_mlp", microbatches=8),
+    Job("qwen2.5-0.5b", 2048, "pallas", (8,), remat="save_attention_mlp", microbatches=4),
+    Job("qwen2.5-0.5b", 512, "pallas", (16,), remat="none", microbatches=4),
+    Job("qwen2.5-0.5b", 512, "pallas", (16,), remat="save_attention_mlp", microbatches=4),
+    Job("qwen2.5-0.5b", 512, "pallas", (16,), remat="save_attention_mlp", microbatches=8),
+    Job("smollm2-135m", 2048, "pallas", (16,), remat="none", microbatches=8, tiles=BY_VALUE),
+    Job("smollm2-135m", 2048, "pallas", (16,), remat="none", microbatches=8),
+    Job("smollm2-135m", 2048, "pallas", (16,), remat="none", microbatches=4),
+    Job("smollm2-135m", 2048, "pallas", (16,), remat="save_attention_mlp", microbatches=8),
+    Job("smollm2-135m", 512, "pallas", (32,), remat="none", microbatches=4, tiles=BY_VALUE),
+    Job("smollm2-135m", 512, "pallas", (32,), remat="none", microbatches=4),
+    Job("smollm2-135m", 512, "pallas", (32,), remat="none", microbatches=2),
+    Job("smollm2-135m", 512, "pallas", (32,), remat="save_attention_mlp", microbatches=4),
 ]
 TINY_JOBS = [
     Job("qwen2.5-0.5b", 256, "pallas", (4, 2)),
@@ -609,6 +636,8 @@ def train_job(job: Job, kernels: Kernels, args, rec: Recorder, workdir: str) -> 
         base["attention"] += " (rope: slices)"
     if chosen.attention == "splash" and chosen.dense_residuals:
         base["remat"] += " (dense residuals)"
+    if job.microbatches > 1 and not chosen.accumulate_by_reference:
+        base["remat"] += " (sums by value)"
     for pairs in job.batches:
         if time.monotonic() - START > args.budget_s - args.reserve_s:
             rec.add({**base, "pairs": pairs, "status": "skipped: budget"})
@@ -904,6 +933,7 @@ SETS = {  # --set NAME: its job list (defaults and tree have their own)
     "save_mlp": SAVE_MLP_JOBS,
     "profile": PROFILE_JOBS,
     "rope": ROPE_JOBS,
+    "accumulate": ACCUMULATE_JOBS,
     "defaults": [],
     "tree": [],
 }

@@ -44,6 +44,7 @@ from flax import nnx  # noqa: E402
 import rewardax as rx  # noqa: E402
 from rewardax import data as rdata  # noqa: E402
 from rewardax import distributed  # noqa: E402
+from rewardax.models.kernels import Kernels, select_kernels  # noqa: E402
 from rewardax.pair_scoring import PairRewards  # noqa: E402
 from rewardax.sharding import bytes_per_device  # noqa: E402
 from rewardax.steps import make_train_step  # noqa: E402
@@ -132,7 +133,7 @@ OBJECTIVES = ["quality", "length"]
 
 
 def tiny_model(
-    hidden: int = 32, mlp: int = 64, kernels: str = "auto", num_labels: int = 1
+    hidden: int = 32, mlp: int = 64, kernels: str | Kernels = "auto", num_labels: int = 1
 ) -> rx.RewardModel:
     config = rx.ModelConfig(
         architecture="llama",
@@ -229,6 +230,21 @@ def case_splash_tree_mesh_parity() -> dict:
         learning_rate=0.05,
         layout="shared_prompt",
         max_sequence_length=32,
+    )
+
+
+def case_accumulate_mesh_parity() -> dict:
+    """The same with 2 microbatches a step whose float32 gradients are added into the running
+    sums by each backward pass (`Kernels.accumulate_by_reference`, a TPU's choice), against the
+    one-device step on the whole batch."""
+    kernels = select_kernels("cpu", "cpu")
+    kernels = Kernels(**{**vars(kernels), "accumulate_by_reference": True})
+    return mesh_parity(
+        tiny_model(kernels=kernels),
+        "accumulate",
+        name="sgd",
+        learning_rate=0.3,
+        gradient_accumulation_steps=2,
     )
 
 
@@ -521,6 +537,7 @@ def case_train_distributed_groups() -> dict:
 CASES = {
     "mesh_parity": case_mesh_parity,
     "splash_mesh_parity": case_splash_mesh_parity,
+    "accumulate_mesh_parity": case_accumulate_mesh_parity,
     "splash_tree_mesh_parity": case_splash_tree_mesh_parity,
     "memory": case_memory,
     "reshard": case_reshard,

@@ -132,6 +132,18 @@ def test_splash_attention_runs_per_shard_on_a_mesh(tmp_path):
     assert out["max_param_diff"] < 1e-4
 
 
+def test_gradients_summed_by_reference_on_a_mesh_match_one_device(tmp_path):
+    """`Kernels.accumulate_by_reference` on dp2 x fsdp2 x tp2, 2 microbatches a step: the running
+    sums (references, sharded like the parameters) give the one-device whole-batch step's
+    losses and parameters over 5 SGD steps."""
+    out = run_worker("accumulate_mesh_parity", 8, tmp_path)
+    assert len(out["losses"]) == 5
+    np.testing.assert_allclose(out["losses"], out["reference_losses"], rtol=0, atol=5e-5)
+    assert out["losses"][-1] < out["losses"][0]
+    assert out["params_moved"] > 1e-2
+    assert out["max_param_diff"] < 1e-4
+
+
 def test_splash_attention_on_the_shared_prompt_tree_runs_per_shard(tmp_path):
     """data.layout=shared_prompt with splash attention (its mask built from the branch ids,
     split with the rows) on dp 2 x fsdp 2 x tp 2: the one-device step's losses and parameters."""

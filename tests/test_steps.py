@@ -2,13 +2,18 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import jax
+import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
 from flax import nnx
 
+from rewardax.models import lora
 from rewardax.models.config import ModelConfig
+from rewardax.models.kernels import select_kernels
 from rewardax.models.reward import RewardModel
 from rewardax.state import RewardState
 from rewardax.steps import make_eval_step, make_train_step
@@ -74,6 +79,102 @@ def test_gradient_accumulation_equals_one_large_batch():
     for key in ("loss", "accuracy", "margin", "reward_std", "grad_norm", "num_pairs"):
         np.testing.assert_allclose(acc_metrics[key], ref_metrics[key], rtol=1e-5, atol=1e-6)
     assert float(ref_metrics["num_pairs"]) == 6.0
+
+
+ACCUMULATED = {  # name: (RewardModel settings, LoRA rank, all trained parameters float32)
+    "float32": (dict(), 0, True),
+    "remat full, dropout": (dict(remat_policy="full", dropout_rate=0.1), 0, True),
+    "bf16 compute, splash, save_attention_mlp": (
+        dict(dtype="bfloat16", kernels="pallas", remat_policy="save_attention_mlp"),
+        0,
+        True,
+    ),
+    "bf16 parameters": (dict(dtype="bfloat16", param_dtype="bfloat16"), 0, False),
+    "LoRA, bf16 compute": (dict(dtype="bfloat16"), 4, True),
+    "LoRA on a bf16 base (a bf16 head)": (dict(dtype="bfloat16", param_dtype="bfloat16"), 4, False),
+}
+
+
+@pytest.mark.parametrize("name", ACCUMULATED)
+def test_accumulation_by_reference_equals_by_value(name):
+    """`Kernels.accumulate_by_reference` (a TPU's): the gradients of float32 parameters are added
+    into the running sums by each microbatch's backward pass (`steps._vjp_into`); by value (the
+    CPU's) they are returned and added after. The updates agree to float32 rounding, whatever
+    the remat policy, attention kernel, LoRA or dropout (the same masks both ways). With any
+    trained bf16 parameter every gradient goes by value."""
+    settings, rank, refs = ACCUMULATED[name]
+    batch = random_batch(np.random.default_rng(3), 8, length=16)
+    results = []
+    for by_reference in (False, True):
+        chosen = select_kernels(settings.get("kernels", "cpu"), "cpu")
+        kernels = dataclasses.replace(chosen, accumulate_by_reference=by_reference)
+        model = RewardModel(TINY, rngs=nnx.Rngs(0), **{**settings, "kernels": kernels})
+        if rank:
+            lora.add_adapters(model, rank=rank, alpha=8.0, targets=["q_proj", "down_proj"])
+        state = RewardState.create(model, optax.sgd(1.0), seed=0)
+        step = make_train_step(
+            state.graphdef,
+            optax.sgd(1.0),
+            optax.constant_schedule(1.0),
+            accumulation_steps=4,
+            dropout=settings.get("dropout_rate", 0) > 0,
+        )
+        # One running sum per float32 parameter is a reference, the others none.
+        jaxpr = jax.make_jaxpr(step)(state.arrays(), batch)
+        new_refs = sum(e.primitive.name == "new_ref" for e in jaxpr.eqns)
+        leaves = jax.tree.leaves(state.arrays()["params"])
+        assert all(p.dtype == jnp.float32 for p in leaves) == refs
+        assert new_refs == (len(leaves) if by_reference and refs else 0)
+        arrays, metrics = jax.jit(step)(state.arrays(), batch)
+        before = state.arrays()["params"]
+        update = jax.tree.map(
+            lambda a, b: np.asarray(a, np.float32) - np.asarray(b, np.float32),
+            arrays["params"],
+            before,
+        )
+        results.append((update, metrics))
+    (by_value, metrics_v), (by_ref, metrics_r) = results
+    assert max(float(np.abs(u).max()) for u in jax.tree.leaves(by_value)) > 1e-4
+    for v, r in zip(jax.tree.leaves(by_value), jax.tree.leaves(by_ref), strict=True):
+        np.testing.assert_allclose(r, v, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(metrics_r["grad_norm"], metrics_v["grad_norm"], rtol=1e-5)
+    np.testing.assert_allclose(metrics_r["loss"], metrics_v["loss"], rtol=1e-6)
+
+
+def test_accumulation_with_float32_and_bf16_parameters_sums_by_value():
+    """Float32 and bf16 parameters in one step (`optim.offload_params` runs on bf16 copies of the
+    matrices): every gradient is returned by value even with `Kernels.accumulate_by_reference`
+    (JAX 0.10.2 mispaired references and parameters in the layer loop's transpose), and the
+    update is the by-value step's."""
+    kernels = dataclasses.replace(select_kernels("cpu", "cpu"), accumulate_by_reference=True)
+    batch = random_batch(np.random.default_rng(4), 8, length=16)
+    updates = []
+    for kernels_ in (kernels, dataclasses.replace(kernels, accumulate_by_reference=False)):
+        state = RewardState.create(
+            RewardModel(TINY, rngs=nnx.Rngs(0), kernels=kernels_), optax.sgd(1.0)
+        )
+        arrays = state.arrays()
+        arrays["params"] = jax.tree.map(
+            lambda p: p.astype(jnp.bfloat16) if p.ndim >= 3 else p, arrays["params"]
+        )
+        dtypes = {p.dtype for p in jax.tree.leaves(arrays["params"])}
+        assert dtypes == {jnp.dtype(jnp.float32), jnp.dtype(jnp.bfloat16)}
+        step = make_train_step(
+            state.graphdef, optax.sgd(1.0), optax.constant_schedule(1.0), accumulation_steps=4
+        )
+        jaxpr = jax.make_jaxpr(step)(arrays, batch)
+        assert not any(e.primitive.name == "new_ref" for e in jaxpr.eqns)
+        new, _ = jax.jit(step)(arrays, batch)
+        updates.append(
+            jax.tree.map(
+                lambda a, b: np.asarray(a, np.float32) - np.asarray(b, np.float32),
+                new["params"],
+                arrays["params"],
+            )
+        )
+    for a, b in zip(*map(jax.tree.leaves, updates), strict=True):
+        np.testing.assert_array_equal(a, b)
+    assert max(float(np.abs(u).max()) for u in jax.tree.leaves(updates[0])) > 1e-4
 
 
 def test_padding_pairs_do_not_count():
