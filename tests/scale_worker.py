@@ -44,6 +44,7 @@ from flax import nnx  # noqa: E402
 import rewardax as rx  # noqa: E402
 from rewardax import data as rdata  # noqa: E402
 from rewardax import distributed  # noqa: E402
+from rewardax.models import transformer  # noqa: E402
 from rewardax.models.kernels import Kernels, select_kernels  # noqa: E402
 from rewardax.pair_scoring import PairRewards  # noqa: E402
 from rewardax.sharding import bytes_per_device  # noqa: E402
@@ -236,7 +237,8 @@ def case_splash_tree_mesh_parity() -> dict:
 def case_accumulate_mesh_parity() -> dict:
     """The same with 2 microbatches a step whose float32 gradients are added into the running
     sums by each backward pass (`Kernels.accumulate_by_reference`, a TPU's choice), against the
-    one-device step on the whole batch."""
+    one-device step on the whole batch. The layers run as a loop, as by reference needs."""
+    transformer.UNROLLED_MAX_LAYERS = 1
     kernels = select_kernels("cpu", "cpu")
     kernels = Kernels(**{**vars(kernels), "accumulate_by_reference": True})
     return mesh_parity(

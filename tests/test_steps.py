@@ -11,7 +11,7 @@ import optax
 import pytest
 from flax import nnx
 
-from rewardax.models import lora
+from rewardax.models import lora, transformer
 from rewardax.models.config import ModelConfig
 from rewardax.models.kernels import select_kernels
 from rewardax.models.reward import RewardModel
@@ -96,12 +96,13 @@ ACCUMULATED = {  # name: (RewardModel settings, LoRA rank, all trained parameter
 
 
 @pytest.mark.parametrize("name", ACCUMULATED)
-def test_accumulation_by_reference_equals_by_value(name):
+def test_accumulation_by_reference_equals_by_value(name, monkeypatch):
     """`Kernels.accumulate_by_reference` (a TPU's): the gradients of float32 parameters are added
     into the running sums by each microbatch's backward pass (`steps._vjp_into`); by value (the
     CPU's) they are returned and added after. The updates agree to float32 rounding, whatever
     the remat policy, attention kernel, LoRA or dropout (the same masks both ways). With any
     trained bf16 parameter every gradient goes by value."""
+    monkeypatch.setattr(transformer, "UNROLLED_MAX_LAYERS", 1)  # by reference: layers looped
     settings, rank, refs = ACCUMULATED[name]
     batch = random_batch(np.random.default_rng(3), 8, length=16)
     results = []
@@ -141,11 +142,12 @@ def test_accumulation_by_reference_equals_by_value(name):
     np.testing.assert_allclose(metrics_r["loss"], metrics_v["loss"], rtol=1e-6)
 
 
-def test_accumulation_with_float32_and_bf16_parameters_sums_by_value():
+def test_accumulation_with_float32_and_bf16_parameters_sums_by_value(monkeypatch):
     """Float32 and bf16 parameters in one step (`optim.offload_params` runs on bf16 copies of the
     matrices): every gradient is returned by value even with `Kernels.accumulate_by_reference`
     (JAX 0.10.2 mispaired references and parameters in the layer loop's transpose), and the
     update is the by-value step's."""
+    monkeypatch.setattr(transformer, "UNROLLED_MAX_LAYERS", 1)  # by reference: layers looped
     kernels = dataclasses.replace(select_kernels("cpu", "cpu"), accumulate_by_reference=True)
     batch = random_batch(np.random.default_rng(4), 8, length=16)
     updates = []
@@ -175,6 +177,20 @@ def test_accumulation_with_float32_and_bf16_parameters_sums_by_value():
     for a, b in zip(*map(jax.tree.leaves, updates), strict=True):
         np.testing.assert_array_equal(a, b)
     assert max(float(np.abs(u).max()) for u in jax.tree.leaves(updates[0])) > 1e-4
+
+
+def test_unrolled_layers_sum_their_gradients_by_value():
+    """`Kernels.accumulate_by_reference` applies where the layers run as a loop: with at most
+    `transformer.UNROLLED_MAX_LAYERS` layers (unrolled) the step needed more memory by reference,
+    compiled for a v5e (`steps._sums_by_reference`)."""
+    kernels = dataclasses.replace(select_kernels("cpu", "cpu"), accumulate_by_reference=True)
+    state = RewardState.create(RewardModel(TINY, rngs=nnx.Rngs(0), kernels=kernels), optax.sgd(1.0))
+    assert not state.model.model.layers_looped
+    step = make_train_step(
+        state.graphdef, optax.sgd(1.0), optax.constant_schedule(1.0), accumulation_steps=2
+    )
+    jaxpr = jax.make_jaxpr(step)(state.arrays(), random_batch(np.random.default_rng(5), 4))
+    assert not any(e.primitive.name == "new_ref" for e in jaxpr.eqns)
 
 
 def test_padding_pairs_do_not_count():

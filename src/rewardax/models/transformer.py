@@ -859,11 +859,16 @@ class Decoder(nnx.Module):
             run_layer = jax.checkpoint(run_layer, policy=remat_policy_fn(self.remat_policy))
         n = self.config.num_hidden_layers
         keys = jax.random.split(dropout_rng, n) if dropout_rng is not None else None
-        # Offloading needs the loop: unrolled, XLA:TPU kept device copies of what it offloaded
-        # (4 layers: more device memory than "save_attention"; scanned: "full"'s).
-        unroll = n <= UNROLLED_MAX_LAYERS and self.remat_policy != "offload_attention"
-        x, _ = jax.lax.scan(run_layer, x, (stacked, keys), unroll=unroll)
+        x, _ = jax.lax.scan(run_layer, x, (stacked, keys), unroll=not self.layers_looped)
         return self.norm(x, kernels)
+
+    @property
+    def layers_looped(self) -> bool:
+        """Whether the layers run as a loop (else unrolled: `UNROLLED_MAX_LAYERS`). Offloading
+        needs the loop: unrolled, XLA:TPU kept device copies of what it offloaded (4 layers:
+        more device memory than "save_attention"; looped: "full"'s)."""
+        n = self.config.num_hidden_layers
+        return n > UNROLLED_MAX_LAYERS or self.remat_policy == "offload_attention"
 
 
 def stack_layers(layers: Sequence[DecoderLayer]) -> DecoderLayer:
