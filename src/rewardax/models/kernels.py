@@ -17,6 +17,11 @@ bf16 projections took 1.79 ms where `mixed_matmuls` took 2.28 ms, and the blocke
 `pallas` also rotates RoPE's half-heads by a product with a [D, D] matrix (`Kernels.rope_matmul`):
 on a v5e the slices of the other form cost 9-12% of a step (benchmarks/README.md, 2026-12-07).
 
+Two choices follow the backend whatever the setting: on a TPU the bf16 norm product and bias add
+stay bf16 (`Kernels.float32_sums`: XLA:TPU sums their gradients in float32 by itself), and with
+gradient accumulation the backward pass adds into the step's running sums by reference
+(`Kernels.accumulate_by_reference`: less memory there, more on XLA:CPU).
+
 `auto` (the default) is `cpu` on the CPU backend, `pallas` on a TPU and `xla` elsewhere (GPUs).
 The splash kernel covers every layout: causal attention within segments (padding, packed rows,
 GQA) with a static mask, the shared-prompt branch mask and Mistral's sliding window with a mask
