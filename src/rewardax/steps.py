@@ -303,6 +303,22 @@ def make_train_step(
             total_pairs = objective_totals(batch, names)
         step_key = jax.random.fold_in(jax.random.wrap_key_data(arrays["rng"]), step)
 
+        def body(carry, xs):
+            grads_acc, sums_acc = carry
+            index, mb = xs
+            rng = jax.random.fold_in(step_key, index) if dropout else None
+            grads, sums = grad_fn(params, rest, mb, total_pairs, rng)
+            grads_acc = jax.tree.map(jnp.add, grads_acc, grads)
+            sums_acc = jax.tree.map(jnp.add, sums_acc, sums)
+            return (grads_acc, sums_acc), None
+
+        def body_by_reference(sums_acc, xs):  # the gradients go into `grad_sums`
+            index, mb = xs
+            rng = jax.random.fold_in(step_key, index) if dropout else None
+            loss = lambda p: micro_loss(p, rest, mb, total_pairs, rng)  # noqa: E731
+            sums = _add_gradient_into(grad_sums, loss, params)
+            return jax.tree.map(jnp.add, sums_acc, sums), None
+
         if accumulation_steps == 1:
             # No loop: a scan of length 1 would zero-fill and add a float32 buffer the size of
             # the parameters every step (0 + g == g: the same values).
@@ -310,39 +326,6 @@ def make_train_step(
             grads, sums = grad_fn(params, rest, batch, total_pairs, rng)
         else:
             micro = _microbatches(batch, accumulation_steps)
-            leaves, treedef = jax.tree.flatten(params)
-            # On a TPU (`Kernels.accumulate_by_reference`) the running sums of float32
-            # parameters are references that each microbatch's backward pass adds into
-            # (`_vjp_into`), where the layers run as a loop. All or none: with float32 and bf16
-            # parameters in one layer loop (`optim.offload_params`' copies) JAX 0.10.2's
-            # transpose of the loop paired references with the wrong parameters ("Expected
-            # cotangent type ...").
-            by_reference = _sums_by_reference(graphdef, params, rest)
-            by_reference = by_reference and all(p.dtype == jnp.float32 for p in leaves)
-            refs = [
-                jax.new_ref(jnp.zeros(p.shape, jnp.float32)) if by_reference else None
-                for p in leaves
-            ]
-            zero_values = [
-                jnp.zeros(p.shape, jnp.float32)
-                for p, ref in zip(leaves, refs, strict=True)
-                if ref is None
-            ]
-
-            def body(carry, xs):
-                values_acc, sums_acc = carry
-                index, mb = xs
-                rng = jax.random.fold_in(step_key, index) if dropout else None
-                grads, sums = _vjp_into(
-                    lambda p: micro_loss(p, rest, mb, total_pairs, rng), params, refs
-                )
-                values = [g for g in grads if g is not None]
-                values_acc = [
-                    a + g.astype(jnp.float32) for a, g in zip(values_acc, values, strict=True)
-                ]
-                sums_acc = jax.tree.map(jnp.add, sums_acc, sums)
-                return (values_acc, sums_acc), None
-
             # The shapes of the sums, without running anything.
             zero_sums = jax.tree.map(
                 lambda x: jnp.zeros(x.shape, x.dtype),
@@ -351,13 +334,14 @@ def make_train_step(
                     jax.tree.map(lambda x: x[0], micro),
                 ),
             )
-            (values, sums), _ = jax.lax.scan(
-                body, (zero_values, zero_sums), (jnp.arange(accumulation_steps), micro)
-            )
-            values = iter(values)
-            grads = jax.tree.unflatten(
-                treedef, [next(values) if ref is None else jax.freeze(ref) for ref in refs]
-            )
+            xs = (jnp.arange(accumulation_steps), micro)
+            if _sums_by_reference(graphdef, params, rest):
+                grad_sums = jax.tree.map(lambda p: jax.new_ref(jnp.zeros_like(p)), params)
+                sums, _ = jax.lax.scan(body_by_reference, zero_sums, xs)
+                grads = jax.tree.map(jax.freeze, grad_sums)
+            else:
+                zero_grads = jax.tree.map(lambda p: jnp.zeros(p.shape, jnp.float32), params)
+                (grads, sums), _ = jax.lax.scan(body, (zero_grads, zero_sums), xs)
         if offload_params:  # a float32 copy of every gradient would undo the offload
             grad_norm = jnp.sqrt(
                 sum(jnp.sum(jnp.square(g.astype(jnp.float32))) for g in jax.tree.leaves(grads))
@@ -446,36 +430,37 @@ def configured_train_step(
 COPY_IN_COMPUTE_DTYPE_FROM = 65_536
 
 
-def _sums_by_reference(graphdef, params, rest) -> bool:
-    """Whether the model of ``graphdef`` has its gradients added into the running sums by
-    reference (`_vjp_into`): where its kernels say so (a TPU's) and its layers run as a loop.
-    With unrolled layers (at most `transformer.UNROLLED_MAX_LAYERS`) the step needed more memory
-    that way, compiled for a v5e (4 layers of 1024: 686 MiB against 635; 12 layers: 1161
-    against 2640)."""
+def _sums_by_reference(graphdef, params: Any, rest: Any) -> bool:
+    """Whether a step of several microbatches adds their gradients into the running sums by
+    reference (`_add_gradient_into`): where the model's kernels say so (a TPU's), its layers run
+    as a loop and every trained parameter is float32.
+
+    - Unrolled layers (at most `transformer.UNROLLED_MAX_LAYERS`): the step needed more memory
+      that way, compiled for a v5e (4 layers of 1024: 686 MiB against 635; 12 layers, looped:
+      1161 against 2640).
+    - bf16 parameters (bf16 state, `optim.offload_params`' copies, a bf16 head beside float32
+      LoRA adapters) would need bf16 sums, and where float32 and bf16 parameters met in one
+      layer loop JAX 0.10.2's transpose of the loop paired references with the wrong parameters
+      ("Expected cotangent type ...")."""
     model = nnx.merge(graphdef, params, rest)
     chosen = model.kernels
     kernels = chosen if isinstance(chosen, Kernels) else select_kernels(chosen)
-    return kernels.accumulate_by_reference and model.model.layers_looped
+    float32 = all(p.dtype == jnp.float32 for p in jax.tree.leaves(params))
+    return kernels.accumulate_by_reference and model.model.layers_looped and float32
 
 
-def _vjp_into(fn: Callable, params: Any, refs: list[Any]) -> tuple[list[Any], Any]:
-    """The gradient of ``fn(params) -> (scalar, aux)`` at ``params``, and aux. ``refs`` has an
-    entry per leaf of ``params``: a `jax.Ref` (float32, the leaf's shape) that the backward pass
-    adds the leaf's gradient into, or None to have it returned. Returns the gradient's leaves
-    (None where a reference took it) and aux.
-
-    Added by reference, a gradient is summed where it is made: the layer loop's backward adds
-    each layer's share into its slice of the sum, in place, where a gradient returned by value
-    is a stacked [layers, ...] buffer per call, zero-filled, written, then added to the sum.
-    Compiled for a TPU v5e, Qwen2.5-0.5B's step at 1 pair x 8 of 2048 needs 2.58 GiB less
-    (benchmarks/README.md, 2026-12-07 third session); on XLA:CPU it needed more, so the CPU's
-    kernels return every gradient by value (`Kernels.accumulate_by_reference`)."""
+def _add_gradient_into(grad_sums: Any, fn: Callable, params: Any) -> Any:
+    """Adds the gradient of ``fn(params) -> (scalar, aux)`` at ``params`` into ``grad_sums``
+    (`jax.Ref`s shaped like ``params``) and returns aux. The backward pass adds each gradient
+    where it is made (`jax.vjp(...).with_refs`): the layer loop's backward adds each layer's
+    share into its slice of the sum, in place, where a gradient returned by value is a stacked
+    [layers, ...] buffer per microbatch, zero-filled, written, then added to the sum. Compiled
+    for a TPU v5e, Qwen2.5-0.5B's step at 1 pair x 8 of 2048 needs 2.58 GiB less
+    (benchmarks/README.md, 2026-12-07 third session); XLA:CPU needed more, so the CPU's kernels
+    leave `Kernels.accumulate_by_reference` off."""
     out, vjp, aux = jax.vjp(fn, params, has_aux=True)
-    treedef = jax.tree.structure(params)
-    wanted = [jax.ad.GradValue() if ref is None else ref for ref in refs]
-    (got,) = vjp.with_refs(jax.tree.unflatten(treedef, wanted))(jnp.ones_like(out))
-    got = treedef.flatten_up_to(got)  # `jax.ad.GradRef()` where a reference took the gradient
-    return [g if ref is None else None for g, ref in zip(got, refs, strict=True)], aux
+    vjp.with_refs(grad_sums)(jnp.ones_like(out))
+    return aux
 
 
 def device_copy(params: Any, dtype: Any) -> Any:
