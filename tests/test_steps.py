@@ -98,7 +98,7 @@ ACCUMULATED = {  # name: (RewardModel settings, LoRA rank, all trained parameter
 @pytest.mark.parametrize("name", ACCUMULATED)
 def test_accumulation_by_reference_equals_by_value(name, monkeypatch):
     """`Kernels.accumulate_by_reference` (a TPU's): the gradients of float32 parameters are added
-    into the running sums by each microbatch's backward pass (`steps._vjp_into`); by value (the
+    into the running sums by each microbatch's backward pass (`steps._add_gradient_into`); by value (the
     CPU's) they are returned and added after. The updates agree to float32 rounding, whatever
     the remat policy, attention kernel, LoRA or dropout (the same masks both ways). With any
     trained bf16 parameter every gradient goes by value."""
