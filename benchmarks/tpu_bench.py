@@ -312,6 +312,8 @@ ACCUMULATE_JOBS = [
     Job("smollm2-135m", 512, "pallas", (32,), remat="none", microbatches=4),
     Job("smollm2-135m", 512, "pallas", (32,), remat="none", microbatches=2),
     Job("smollm2-135m", 512, "pallas", (32,), remat="save_attention_mlp", microbatches=4),
+    Job("qwen2.5-0.5b", 512, "pallas", (16,), remat="save_attention_mlp", microbatches=16),
+    Job("smollm2-135m", 2048, "pallas", (16,), remat="save_attention_mlp", microbatches=16),
 ]
 TINY_JOBS = [
     Job("qwen2.5-0.5b", 256, "pallas", (4, 2)),
