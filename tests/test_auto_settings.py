@@ -12,7 +12,12 @@ import pytest
 import rewardax as rx
 from data_fixtures import smollm2_tokenizer, tiny_llama
 from rewardax import plan
-from rewardax.models.kernels import compute_dtype, remat_candidates, select_kernels
+from rewardax.models.kernels import (
+    compute_dtype,
+    halvings_past_fit,
+    remat_candidates,
+    select_kernels,
+)
 from test_trainer import TRAIN
 from test_trainer import rows as read_rows
 
@@ -32,9 +37,13 @@ def test_compute_dtype_is_float32_on_the_cpu_and_bfloat16_on_accelerators():
 
 
 def test_remat_candidates_are_fastest_first_and_save_attention_only_with_splash():
-    assert remat_candidates(select_kernels("pallas", "tpu")) == ("none", "save_attention", "full")
+    splash = select_kernels("pallas", "tpu")
+    assert remat_candidates(splash) == ("save_attention_mlp", "none", "save_attention", "full")
     assert remat_candidates(select_kernels("xla", "gpu")) == ("none", "full")
     assert remat_candidates(select_kernels("cpu", "cpu")) == ("none", "full")
+    # One more halving of the microbatch after the first fit: only where the v5e measured it.
+    assert [halvings_past_fit(splash, p) for p in remat_candidates(splash)] == [1, 1, 0, 0]
+    assert halvings_past_fit(select_kernels("xla", "gpu"), "none") == 0
 
 
 @dataclass
@@ -67,60 +76,62 @@ def fake_compiler(monkeypatch, gib: dict) -> list:
 
 
 def test_auto_takes_the_fastest_remat_policy_that_fits_the_chip(monkeypatch):
-    compiled = fake_compiler(monkeypatch, {"none": 17.6, "save_attention": 15.44, "full": 9.0})
-    # 4 pairs of 512 tokens: too few tokens to split into microbatches.
-    config = rx.RewardConfig(per_device_train_batch_size=4, max_sequence_length=512)
+    compiled = fake_compiler(
+        monkeypatch,
+        {"save_attention_mlp": 19.0, "none": 17.6, "save_attention": 15.44, "full": 9.0},
+    )
+    # 2 pairs of 512 tokens: too few tokens to split into microbatches.
+    config = rx.RewardConfig(per_device_train_batch_size=2, max_sequence_length=512)
     resolved, chosen, tried = plan.resolve_auto(config, object(), [FakeChip()])
     assert chosen == {"model.dtype": "bfloat16", "model.remat_policy": "save_attention"}
     assert (resolved.model.dtype, resolved.model.remat_policy) == ("bfloat16", "save_attention")
-    assert compiled == [("none", 4, 1), ("save_attention", 4, 1)]  # full is not compiled
-    assert tried == ("none: 17.60 GiB", "save_attention: 15.44 GiB")
+    # full is not compiled
+    assert compiled == [("save_attention_mlp", 2, 1), ("none", 2, 1), ("save_attention", 2, 1)]
+    assert tried == (
+        "save_attention_mlp: 19.00 GiB",
+        "none: 17.60 GiB",
+        "save_attention: 15.44 GiB",
+    )
     assert config.model.dtype == config.model.remat_policy == "auto"  # the input is unchanged
 
 
 def test_auto_prefers_less_remat_on_smaller_microbatches(monkeypatch):
-    # Qwen2.5-0.5B, 8 pairs of 2048 tokens, as compiled for a v5e: save_attention fits on one
-    # pair a microbatch (and ran at 47.6% MFU there, full on the 8 pairs 38.2%).
+    # Qwen2.5-0.5B, 8 pairs of 2048 tokens, as compiled for a v5e (`rewardax plan`, sums by
+    # reference): save_attention_mlp fits on one pair a microbatch (54.0% MFU on the chip).
     compiled = fake_compiler(
         monkeypatch,
         {
+            "save_attention_mlp": 40.0,
+            ("save_attention_mlp", 4): 25.0,
+            ("save_attention_mlp", 2): 17.12,
+            ("save_attention_mlp", 1): 13.56,
             "none": 54.0,
-            ("none", 4): 36.1,
-            ("none", 2): 27.0,
-            ("none", 1): 20.0,
             "save_attention": 23.5,
-            ("save_attention", 4): 18.9,
-            ("save_attention", 2): 16.07,
-            ("save_attention", 1): 13.55,
             "full": 13.7,
         },
     )
     config = rx.RewardConfig(per_device_train_batch_size=8, max_sequence_length=2048)
     resolved, chosen, tried = plan.resolve_auto(config, object(), [FakeChip()])
-    # Halvings down to one pair (4096 tokens, MIN_MICROBATCH_TOKENS); full is not compiled.
+    # Halvings down to one pair; nothing else is compiled.
     assert compiled == [
-        ("none", 8, 1),
-        ("none", 4, 2),
-        ("none", 2, 4),
-        ("none", 1, 8),
-        ("save_attention", 8, 1),
-        ("save_attention", 4, 2),
-        ("save_attention", 2, 4),
-        ("save_attention", 1, 8),
+        ("save_attention_mlp", 8, 1),
+        ("save_attention_mlp", 4, 2),
+        ("save_attention_mlp", 2, 4),
+        ("save_attention_mlp", 1, 8),
     ]
-    assert chosen["model.remat_policy"] == "save_attention"
+    assert chosen["model.remat_policy"] == "save_attention_mlp"
     assert chosen["train.gradient_accumulation_steps"] == "8"
     assert (
         resolved.train.per_device_train_batch_size,
         resolved.train.gradient_accumulation_steps,
     ) == (1, 8)
     assert resolved.global_train_batch_size(1) == config.global_train_batch_size(1) == 8
-    assert tried[-1] == "save_attention (1 pairs x 8): 13.55 GiB"
-    # No microbatch below MIN_MICROBATCH_TOKENS: 8 pairs of 256 tokens are 4096 in all.
+    assert tried[-1] == "save_attention_mlp (1 pairs x 8): 13.56 GiB"
+    # No microbatch below MIN_MICROBATCH_TOKENS: 8 pairs of 128 tokens are 2048 in all.
     compiled.clear()
-    short = rx.RewardConfig(per_device_train_batch_size=8, max_sequence_length=256)
+    short = rx.RewardConfig(per_device_train_batch_size=8, max_sequence_length=128)
     plan.resolve_auto(short, object(), [FakeChip()])
-    assert compiled == [("none", 8, 1), ("save_attention", 8, 1), ("full", 8, 1)]
+    assert compiled == [(p, 8, 1) for p in ("save_attention_mlp", "none", "save_attention", "full")]
     # A layout that cannot accumulate (shared_prompt) keeps the whole batch.
     compiled.clear()
     shared = rx.RewardConfig(
@@ -136,27 +147,85 @@ def test_auto_prefers_less_remat_on_smaller_microbatches(monkeypatch):
         per_device_train_batch_size=8, max_sequence_length=2048, gradient_accumulation_steps=2
     )
     plan.resolve_auto(own, object(), [FakeChip()])
-    assert compiled == [("none", 8, 2), ("save_attention", 8, 2), ("full", 8, 2)]
+    assert compiled == [(p, 8, 2) for p in ("save_attention_mlp", "none", "save_attention", "full")]
+
+
+def test_auto_halves_the_first_microbatch_that_fits_once_more(monkeypatch):
+    # Qwen2.5-0.5B, 16 pairs of 512 tokens, compiled for a v5e: save_attention_mlp first fits
+    # on 4 pairs x 4 (49.8% MFU on the chip); 2 pairs x 8 ran at 51.0%.
+    mlp = {("save_attention_mlp", 8): 17.11, ("save_attention_mlp", 4): 13.50}
+    gib = {"save_attention_mlp": 30.0, **mlp, ("save_attention_mlp", 2): 11.42}
+    compiled = fake_compiler(monkeypatch, gib | {"none": 40.0, "save_attention": 20.0})
+    config = rx.RewardConfig(per_device_train_batch_size=16, max_sequence_length=512)
+    resolved, chosen, tried = plan.resolve_auto(config, object(), [FakeChip()])
+    assert compiled == [("save_attention_mlp", 16 // a, a) for a in (1, 2, 4, 8)]
+    assert (chosen["model.remat_policy"], chosen["train.gradient_accumulation_steps"]) == (
+        "save_attention_mlp",
+        "8",
+    )
+    assert resolved.train.per_device_train_batch_size == 2
+    assert tried[-2:] == (
+        "save_attention_mlp (4 pairs x 4): 13.50 GiB",
+        "save_attention_mlp (2 pairs x 8): 11.42 GiB",
+    )
+    # A halving that does not fit (a compiler's whim) leaves the first fit.
+    compiled = fake_compiler(monkeypatch, gib | {("save_attention_mlp", 2): 15.9})
+    _, chosen, _ = plan.resolve_auto(config, object(), [FakeChip()])
+    assert chosen["train.gradient_accumulation_steps"] == "4"
+    assert len(compiled) == 4
+    # save_attention keeps its first fit: 2 pairs x 4 of 2048 ran faster than 1 x 8 there.
+    compiled = fake_compiler(
+        monkeypatch,
+        {
+            "save_attention_mlp": 40.0,
+            "none": 54.0,
+            "save_attention": 23.5,
+            ("save_attention", 4): 18.9,
+            ("save_attention", 2): 13.27,
+            ("save_attention", 1): 10.89,
+            "full": 13.7,
+        },
+    )
+    long = rx.RewardConfig(per_device_train_batch_size=8, max_sequence_length=2048)
+    _, chosen, _ = plan.resolve_auto(long, object(), [FakeChip()])
+    assert (chosen["model.remat_policy"], chosen["train.gradient_accumulation_steps"]) == (
+        "save_attention",
+        "4",
+    )
+    assert ("save_attention", 1, 8) not in compiled
+    # No halving past the first fit on the whole batch when the halves would be too short.
+    compiled = fake_compiler(monkeypatch, {"save_attention_mlp": 9.0})
+    short = rx.RewardConfig(per_device_train_batch_size=2, max_sequence_length=512)
+    _, chosen, _ = plan.resolve_auto(short, object(), [FakeChip()])
+    assert chosen["model.remat_policy"] == "save_attention_mlp"
+    assert "train.gradient_accumulation_steps" not in chosen
+    assert compiled == [("save_attention_mlp", 2, 1)]
 
 
 def test_auto_leaves_headroom_and_falls_back_to_full(monkeypatch):
     # 15.70 GiB is under the chip's 15.75 but not under its 128 MiB headroom.
     compiled = fake_compiler(
-        monkeypatch, {"none": 30.0, "save_attention": 15.70, "full": 16.5, ("full", 2): 12.0}
+        monkeypatch,
+        {"save_attention_mlp": 31.0, "none": 30.0, "save_attention": 15.70, "full": 16.5}
+        | {("full", 1): 12.0},
     )
-    config = rx.RewardConfig(per_device_train_batch_size=4, max_sequence_length=512)
+    config = rx.RewardConfig(per_device_train_batch_size=2, max_sequence_length=512)
     _, chosen, _ = plan.resolve_auto(config, object(), [FakeChip()])
-    # Remat full fits on 2 pairs a microbatch (it may go below MIN_MICROBATCH_TOKENS: it is the
+    # Remat full fits on 1 pair a microbatch (it may go below MIN_MICROBATCH_TOKENS: it is the
     # last resort before not fitting).
     assert chosen["model.remat_policy"] == "full"
-    assert chosen["train.per_device_train_batch_size"] == "2"
-    assert compiled == [("none", 4, 1), ("save_attention", 4, 1), ("full", 4, 1), ("full", 2, 2)]
+    assert chosen["train.per_device_train_batch_size"] == "1"
+    whole = [(p, 2, 1) for p in ("save_attention_mlp", "none", "save_attention", "full")]
+    assert compiled == [*whole, ("full", 1, 2)]
     # Nothing fits: full on the whole batch, and the run says what it tried.
     compiled.clear()
-    fake_compiler(monkeypatch, {"none": 30.0, "save_attention": 29.0, "full": 16.5})
+    fake_compiler(
+        monkeypatch,
+        {"save_attention_mlp": 31.0, "none": 30.0, "save_attention": 29.0, "full": 16.5},
+    )
     _, chosen, tried = plan.resolve_auto(config, object(), [FakeChip()])
     assert chosen == {"model.dtype": "bfloat16", "model.remat_policy": "full"}
-    assert len(tried) == 5  # none, save_attention, full on 4, 2 and 1 pairs
+    assert len(tried) == 5  # save_attention_mlp, none, save_attention, full on 2 and 1 pairs
     # Explicit settings are not touched, and nothing is compiled for them.
     compiled = fake_compiler(monkeypatch, {})
     explicit = rx.RewardConfig(dtype="float32", remat_policy="save_dots")

@@ -40,7 +40,12 @@ from rewardax.losses import SCORE_LOSSES
 from rewardax.models import lora
 from rewardax.models.auto import read_architecture
 from rewardax.models.config import ModelConfig
-from rewardax.models.kernels import compute_dtype, remat_candidates, select_kernels
+from rewardax.models.kernels import (
+    compute_dtype,
+    halvings_past_fit,
+    remat_candidates,
+    select_kernels,
+)
 from rewardax.models.loading import ModelOptions
 from rewardax.models.transformer import remat_fallback
 from rewardax.optim import build_optimizer, build_schedule
@@ -392,11 +397,12 @@ REMAT_HEADROOM = 128 * 2**20
 
 
 # `auto` splits a device's pairs into microbatches (gradient accumulation) only down to this many
-# tokens per microbatch. On the v5e (benchmarks/README, 2026-12-06 sixth session) less remat on
-# smaller microbatches won down to 4k tokens: Qwen2.5-0.5B at 8 x 2048, save_attention on 1 pair
-# x 8 47.6% MFU against full on the 8 pairs 38.2%; SmolLM2 at 32 x 512, none on 8 pairs x 4
-# (8k tokens) 31.0% against save_attention on the 32 pairs 26.4%.
-MIN_MICROBATCH_TOKENS = 4096
+# tokens per microbatch. On the v5e (benchmarks/results/tpu_v5e_2026-12-07d_accumulate.md)
+# Qwen2.5-0.5B at 16 x 512 with save_attention_mlp ran at 51.0% MFU on 2 pairs x 8 (2048 tokens),
+# 49.8% on 4 x 4 and 45.9% on 1 x 16 (1024 tokens); earlier (2026-12-06 sixth session) less remat
+# on smaller microbatches won down to 4k tokens: 0.5B at 8 x 2048, save_attention on 1 pair x 8
+# 47.6% against full on the 8 pairs 38.2%.
+MIN_MICROBATCH_TOKENS = 2048
 # ... and into at most this many (each split is one more compilation at start).
 MAX_MICROBATCHES = 8
 
@@ -427,25 +433,35 @@ def choose_remat(
     """The fastest (remat policy, microbatches) whose train step, compiled for ``devices``, needs
     at most ``limit`` - `REMAT_HEADROOM` bytes per device: policies in `kernels.remat_candidates`
     order (less recomputation first), each with the whole batch, then halved microbatches
-    (`_splits`). On the v5e less remat on smaller microbatches beat more remat on the whole batch
-    (SmolLM2, 2048 tokens: save_attention on 4 pairs x 4 36.8% MFU, full on 16: 25.3%;
+    (`_splits`); once one fits, `kernels.halvings_past_fit` more halvings (each compiled, kept
+    if it fits). On the v5e less remat on smaller microbatches beat more remat on the whole
+    batch (SmolLM2, 2048 tokens: save_attention on 4 pairs x 4 36.8% MFU, full on 16: 25.3%;
     Qwen2.5-0.5B: save_attention on 1 pair x 8 47.6%, full on 8: 38.2%). ("full", 1) when
     nothing fits (the run then fails to allocate; `rewardax plan` suggests what else to change).
     Returns (policy, microbatches, "what: GiB" for each one compiled)."""
     kernels = select_kernels(config.model.kernels, devices[0].platform)
     pairs = config.train.per_device_train_batch_size
     tried: list[str] = []
+
+    def fits(policy: str, split: int) -> bool:
+        candidate = config.model_copy(deep=True)
+        candidate.model.remat_policy = policy
+        if split > 1:  # `_splits` offers these only without an accumulation of its own
+            candidate.train.per_device_train_batch_size = pairs // split
+            candidate.train.gradient_accumulation_steps = split
+        memory = _compile(_lay_out(candidate, arch, devices), ()).memory
+        what = policy if split == 1 else f"{policy} ({pairs // split} pairs x {split})"
+        tried.append(f"{what}: {memory.hbm / GIB:.2f} GiB")
+        return memory.hbm <= limit - REMAT_HEADROOM
+
     for policy in remat_candidates(kernels):
-        for split in _splits(config, policy):
-            candidate = config.model_copy(deep=True)
-            candidate.model.remat_policy = policy
-            if split > 1:  # `_splits` offers these only without an accumulation of its own
-                candidate.train.per_device_train_batch_size = pairs // split
-                candidate.train.gradient_accumulation_steps = split
-            memory = _compile(_lay_out(candidate, arch, devices), ()).memory
-            what = policy if split == 1 else f"{policy} ({pairs // split} pairs x {split})"
-            tried.append(f"{what}: {memory.hbm / GIB:.2f} GiB")
-            if memory.hbm <= limit - REMAT_HEADROOM:
+        splits = _splits(config, policy)
+        for i, split in enumerate(splits):
+            if fits(policy, split):
+                for smaller in splits[i + 1 : i + 1 + halvings_past_fit(kernels, policy)]:
+                    if not fits(policy, smaller):
+                        break
+                    split = smaller
                 return policy, split, tuple(tried)
     return "full", 1, tuple(tried)
 
