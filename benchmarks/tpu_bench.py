@@ -291,7 +291,9 @@ ROPE_JOBS = [
 # gradients into the step's sums in place). For each of `--set defaults`' shapes: `auto`'s
 # choice before it, by value and by reference; `auto`'s choice with it (the memory it frees
 # lets larger microbatches or less remat fit; compiled, not timed); save_attention_mlp, which
-# now fits Qwen2.5-0.5B.
+# now fits Qwen2.5-0.5B. The last two (added for the run of 2026-12-07 fourth session):
+# save_attention_mlp on one pair a microbatch, one halving past the fastest measured.
+# Results: benchmarks/results/tpu_v5e_2026-12-07d_accumulate.md.
 BY_VALUE = dict(accumulate_by_reference=False)
 ACCUMULATE_JOBS = [
     Job(
