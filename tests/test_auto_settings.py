@@ -38,11 +38,11 @@ def test_compute_dtype_is_float32_on_the_cpu_and_bfloat16_on_accelerators():
 
 def test_remat_candidates_are_fastest_first_and_save_attention_only_with_splash():
     splash = select_kernels("pallas", "tpu")
-    assert remat_candidates(splash) == ("save_attention_mlp", "none", "save_attention", "full")
+    assert remat_candidates(splash) == ("save_attention_mlp", "save_attention", "full")
     assert remat_candidates(select_kernels("xla", "gpu")) == ("none", "full")
     assert remat_candidates(select_kernels("cpu", "cpu")) == ("none", "full")
     # One more halving of the microbatch after the first fit: only where the v5e measured it.
-    assert [halvings_past_fit(splash, p) for p in remat_candidates(splash)] == [1, 1, 0, 0]
+    assert [halvings_past_fit(splash, p) for p in remat_candidates(splash)] == [1, 0, 0]
     assert halvings_past_fit(select_kernels("xla", "gpu"), "none") == 0
 
 
@@ -78,20 +78,15 @@ def fake_compiler(monkeypatch, gib: dict) -> list:
 def test_auto_takes_the_fastest_remat_policy_that_fits_the_chip(monkeypatch):
     compiled = fake_compiler(
         monkeypatch,
-        {"save_attention_mlp": 19.0, "none": 17.6, "save_attention": 15.44, "full": 9.0},
+        {"save_attention_mlp": 17.6, "save_attention": 15.44, "full": 9.0},
     )
     # 2 pairs of 512 tokens: too few tokens to split into microbatches.
     config = rx.RewardConfig(per_device_train_batch_size=2, max_sequence_length=512)
     resolved, chosen, tried = plan.resolve_auto(config, object(), [FakeChip()])
     assert chosen == {"model.dtype": "bfloat16", "model.remat_policy": "save_attention"}
     assert (resolved.model.dtype, resolved.model.remat_policy) == ("bfloat16", "save_attention")
-    # full is not compiled
-    assert compiled == [("save_attention_mlp", 2, 1), ("none", 2, 1), ("save_attention", 2, 1)]
-    assert tried == (
-        "save_attention_mlp: 19.00 GiB",
-        "none: 17.60 GiB",
-        "save_attention: 15.44 GiB",
-    )
+    assert compiled == [("save_attention_mlp", 2, 1), ("save_attention", 2, 1)]  # not full
+    assert tried == ("save_attention_mlp: 17.60 GiB", "save_attention: 15.44 GiB")
     assert config.model.dtype == config.model.remat_policy == "auto"  # the input is unchanged
 
 
@@ -105,7 +100,6 @@ def test_auto_prefers_less_remat_on_smaller_microbatches(monkeypatch):
             ("save_attention_mlp", 4): 25.0,
             ("save_attention_mlp", 2): 17.12,
             ("save_attention_mlp", 1): 13.56,
-            "none": 54.0,
             "save_attention": 23.5,
             "full": 13.7,
         },
@@ -131,7 +125,7 @@ def test_auto_prefers_less_remat_on_smaller_microbatches(monkeypatch):
     compiled.clear()
     short = rx.RewardConfig(per_device_train_batch_size=8, max_sequence_length=128)
     plan.resolve_auto(short, object(), [FakeChip()])
-    assert compiled == [(p, 8, 1) for p in ("save_attention_mlp", "none", "save_attention", "full")]
+    assert compiled == [(p, 8, 1) for p in ("save_attention_mlp", "save_attention", "full")]
     # A layout that cannot accumulate (shared_prompt) keeps the whole batch.
     compiled.clear()
     shared = rx.RewardConfig(
@@ -147,7 +141,7 @@ def test_auto_prefers_less_remat_on_smaller_microbatches(monkeypatch):
         per_device_train_batch_size=8, max_sequence_length=2048, gradient_accumulation_steps=2
     )
     plan.resolve_auto(own, object(), [FakeChip()])
-    assert compiled == [(p, 8, 2) for p in ("save_attention_mlp", "none", "save_attention", "full")]
+    assert compiled == [(p, 8, 2) for p in ("save_attention_mlp", "save_attention", "full")]
 
 
 def test_auto_halves_the_first_microbatch_that_fits_once_more(monkeypatch):
@@ -155,7 +149,7 @@ def test_auto_halves_the_first_microbatch_that_fits_once_more(monkeypatch):
     # on 4 pairs x 4 (49.8% MFU on the chip); 2 pairs x 8 ran at 51.0%.
     mlp = {("save_attention_mlp", 8): 17.11, ("save_attention_mlp", 4): 13.50}
     gib = {"save_attention_mlp": 30.0, **mlp, ("save_attention_mlp", 2): 11.42}
-    compiled = fake_compiler(monkeypatch, gib | {"none": 40.0, "save_attention": 20.0})
+    compiled = fake_compiler(monkeypatch, gib | {"save_attention": 20.0})
     config = rx.RewardConfig(per_device_train_batch_size=16, max_sequence_length=512)
     resolved, chosen, tried = plan.resolve_auto(config, object(), [FakeChip()])
     assert compiled == [("save_attention_mlp", 16 // a, a) for a in (1, 2, 4, 8)]
@@ -178,7 +172,6 @@ def test_auto_halves_the_first_microbatch_that_fits_once_more(monkeypatch):
         monkeypatch,
         {
             "save_attention_mlp": 40.0,
-            "none": 54.0,
             "save_attention": 23.5,
             ("save_attention", 4): 18.9,
             ("save_attention", 2): 13.27,
@@ -206,8 +199,7 @@ def test_auto_leaves_headroom_and_falls_back_to_full(monkeypatch):
     # 15.70 GiB is under the chip's 15.75 but not under its 128 MiB headroom.
     compiled = fake_compiler(
         monkeypatch,
-        {"save_attention_mlp": 31.0, "none": 30.0, "save_attention": 15.70, "full": 16.5}
-        | {("full", 1): 12.0},
+        {"save_attention_mlp": 30.0, "save_attention": 15.70, "full": 16.5, ("full", 1): 12.0},
     )
     config = rx.RewardConfig(per_device_train_batch_size=2, max_sequence_length=512)
     _, chosen, _ = plan.resolve_auto(config, object(), [FakeChip()])
@@ -215,17 +207,17 @@ def test_auto_leaves_headroom_and_falls_back_to_full(monkeypatch):
     # last resort before not fitting).
     assert chosen["model.remat_policy"] == "full"
     assert chosen["train.per_device_train_batch_size"] == "1"
-    whole = [(p, 2, 1) for p in ("save_attention_mlp", "none", "save_attention", "full")]
+    whole = [(p, 2, 1) for p in ("save_attention_mlp", "save_attention", "full")]
     assert compiled == [*whole, ("full", 1, 2)]
     # Nothing fits: full on the whole batch, and the run says what it tried.
     compiled.clear()
     fake_compiler(
         monkeypatch,
-        {"save_attention_mlp": 31.0, "none": 30.0, "save_attention": 29.0, "full": 16.5},
+        {"save_attention_mlp": 30.0, "save_attention": 29.0, "full": 16.5},
     )
     _, chosen, tried = plan.resolve_auto(config, object(), [FakeChip()])
     assert chosen == {"model.dtype": "bfloat16", "model.remat_policy": "full"}
-    assert len(tried) == 5  # save_attention_mlp, none, save_attention, full on 2 and 1 pairs
+    assert len(tried) == 4  # save_attention_mlp, save_attention, full on 2 and 1 pairs
     # Explicit settings are not touched, and nothing is compiled for them.
     compiled = fake_compiler(monkeypatch, {})
     explicit = rx.RewardConfig(dtype="float32", remat_policy="save_dots")

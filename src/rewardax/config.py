@@ -84,13 +84,12 @@ class ModelSection(Section):
     `save_attention` keeps plus attention's output projection and the MLP's gate and up
     projections, so that the backward recomputes only norms and elementwise operations (~21 KB
     more per token and layer for Qwen2.5-0.5B; on a v5e faster than `none` and `save_attention`
-    at the same microbatches). `auto`: `none` on a CPU; on a TPU or GPU the first of
-    save_attention_mlp (with splash attention), none, save_attention (with splash), full whose
-    compiled train step fits the device's memory, each tried on the whole batch and then on the
-    pairs per device split into up to 8 microbatches of at least 2048 tokens (padded layout; the
-    pairs per update stay the same); with splash attention, save_attention_mlp and none then
-    take one more halving if it fits (faster on a v5e) (`rewardax.plan.choose_remat`; the choice
-    is printed).
+    at the same microbatches). `auto`: `none` on a CPU; on a TPU or GPU the first whose
+    compiled train step fits the device's memory of save_attention_mlp, save_attention, full
+    (with splash attention) or of none, full (without), each tried on the whole batch and then
+    on the pairs per device split into up to 8 microbatches of at least 2048 tokens (padded
+    layout; the pairs per update stay the same); save_attention_mlp then takes one more halving
+    if it fits (faster on a v5e) (`rewardax.plan.choose_remat`; the choice is printed).
     """
     dropout_rate: float = 0.0
     """dropout probability in the backbone during training; 0.0 turns dropout off (the usual choice

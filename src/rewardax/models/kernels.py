@@ -198,16 +198,18 @@ def remat_candidates(kernels: Kernels) -> tuple[str, ...]:
     """``model.remat_policy`` ``auto``: the policies to try, fastest first, for a step that
     must fit the device (`rewardax.plan.choose_remat` takes the first that fits).
 
-    With the splash kernel (a TPU): `save_attention_mlp` first. On a v5e (tpu_bench.py --set
-    accumulate, benchmarks/results/tpu_v5e_2026-12-07d_accumulate.md) it beat keeping every
-    activation at the same microbatches (SmolLM2 at 2048 tokens, 2 pairs x 8: 40.8% MFU against
-    38.6%; at 512, 8 pairs x 4: 37.3% against 34.1%) and `save_attention` at 0.5B (1 pair x 8 of
-    2048: 54.0% against 49.8%). Then `none`, `save_attention` (no second attention forward;
-    Qwen2.5-0.5B at 2048, 2026-12-05: 45.6% against 36.3% with `full`), then `full`. The
-    `save_attention*` policies keep something only with the splash kernel. `save_dots` was
-    slower than `full` there."""
+    With the splash kernel (a TPU): `save_attention_mlp`, then `save_attention`, then `full`.
+    On a v5e (tpu_bench.py --set accumulate, benchmarks/results/tpu_v5e_2026-12-07d_accumulate.md)
+    `save_attention_mlp` beat keeping every activation (`none`) at the same microbatches (SmolLM2
+    at 2048 tokens, 2 pairs x 8: 40.8% MFU against 38.6%; at 512, 8 pairs x 4: 37.3% against
+    34.1%) and `save_attention` at 0.5B (1 pair x 8 of 2048: 54.0% against 49.8%). `none` is not
+    tried there: it keeps all that `save_attention_mlp` keeps and more, so it fits only where
+    `save_attention_mlp` does, and was slower. `save_attention` runs no second attention forward
+    (Qwen2.5-0.5B at 2048, 2026-12-05: 45.6% against 36.3% with `full`). Without splash the
+    `save_attention*` policies keep nothing: `none`, then `full`. `save_dots` was slower than
+    `full` on the v5e."""
     if kernels.attention == "splash":
-        return ("save_attention_mlp", "none", "save_attention", "full")
+        return ("save_attention_mlp", "save_attention", "full")
     return ("none", "full")
 
 
@@ -216,15 +218,15 @@ def halvings_past_fit(kernels: Kernels, policy: str) -> int:
     one with which ``policy`` fits the device (while a microbatch keeps
     `plan.MIN_MICROBATCH_TOKENS`).
 
-    1 for `save_attention_mlp` and `none` with the splash kernel: on a v5e (same run as
-    `remat_candidates`') the microbatch after the first that fits was the faster one at every
-    shape measured: Qwen2.5-0.5B at 16 x 512, save_attention_mlp, 2 pairs x 8 51.0% MFU
-    against 4 x 4 (the first that fits) 49.8% (and 1 x 16 45.9%); SmolLM2 at 16 x 2048, 2 x 8
-    40.8% against 4 x 4 39.7% (by-value sums, 2026-12-07c); SmolLM2 at 32 x 512, none, 8 x 4
-    34.1% against 16 x 2 32.6%. Not for `save_attention` (0.5B at 8 x 2048: 2 x 4, the first
-    that fits, 51.2% against 1 x 8 49.8%) nor `full` (not measured), nor other kernels (not
-    measured)."""
-    if kernels.attention == "splash" and policy in ("save_attention_mlp", "none"):
+    1 for `save_attention_mlp` with the splash kernel: on a v5e (same run as
+    `remat_candidates`') the microbatch after the first that fits was the faster one wherever
+    one was left to halve: Qwen2.5-0.5B at 16 x 512, 2 pairs x 8 51.0% MFU against 4 x 4 (the
+    first that fits) 49.8% (and 1 x 16 45.9%); SmolLM2 at 16 x 2048, 2 x 8 40.8% against 4 x 4
+    39.7% (by-value sums, 2026-12-07c) (and 1 x 16 38.9%); `none` did the same (SmolLM2 at
+    32 x 512, 8 x 4 34.1% against 16 x 2 32.6%). Not for `save_attention` (0.5B at 8 x 2048:
+    2 x 4, the first that fits, 51.2% against 1 x 8 49.8%) nor `full` (not measured), nor other
+    kernels (not measured)."""
+    if kernels.attention == "splash" and policy == "save_attention_mlp":
         return 1
     return 0
 
