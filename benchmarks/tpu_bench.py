@@ -1,6 +1,6 @@
 """TPU throughput of RewardTrainer's jitted step, today's kernels against the backend's (issue 28).
 
-    python benchmarks/tpu_bench.py [--set kernels|remat|remat2|tune|offload|offload_attention|microbatch|save_mlp|profile|rope|accumulate|defaults|tree]
+    python benchmarks/tpu_bench.py [--set kernels|remat|remat2|tune|offload|offload_attention|microbatch|save_mlp|profile|rope|accumulate|indexed|defaults|tree]
         [--budget-s 420] [--steps 8] [--profile N] [--out DIR] [--tiny]
 
 Random-init models of real shapes (SmolLM2-135M, Qwen2.5-0.5B, Qwen2.5-1.5B), bf16 compute, float32
@@ -316,6 +316,55 @@ ACCUMULATE_JOBS = [
     Job("smollm2-135m", 512, "pallas", (32,), remat="save_attention_mlp", microbatches=4),
     Job("qwen2.5-0.5b", 512, "pallas", (16,), remat="save_attention_mlp", microbatches=16),
     Job("smollm2-135m", 2048, "pallas", (16,), remat="save_attention_mlp", microbatches=16),
+]
+# `--set indexed`: `Kernels.indexed_layers` (the layer loop over indices, each layer's parameters
+# read inside the remat'd body) against the loop over the stacked parameters, at the settings
+# `auto` chose for `--set defaults`' four shapes on 2026-12-07 (fourth and fifth sessions).
+# Compiled for a v5e it leaves out the float32 copy of each MLP matrix's slice of the sums (~19
+# ms of 372 at 0.5B 16 x 512 in that profile) and the per-layer bf16 weight copies, in no more
+# memory (0.5B: 11.34 against 11.42 GiB at 2 x 8 of 512; 13.53 against 13.56 at 1 x 8 of 2048).
+INDEXED = dict(indexed_layers=True)
+INDEXED_JOBS = [
+    Job("qwen2.5-0.5b", 2048, "pallas", (8,), remat="save_attention_mlp", microbatches=8),
+    Job(
+        "qwen2.5-0.5b",
+        2048,
+        "pallas",
+        (8,),
+        remat="save_attention_mlp",
+        microbatches=8,
+        tiles=INDEXED,
+    ),
+    Job("qwen2.5-0.5b", 512, "pallas", (16,), remat="save_attention_mlp", microbatches=8),
+    Job(
+        "qwen2.5-0.5b",
+        512,
+        "pallas",
+        (16,),
+        remat="save_attention_mlp",
+        microbatches=8,
+        tiles=INDEXED,
+    ),
+    Job("smollm2-135m", 2048, "pallas", (16,), remat="save_attention_mlp", microbatches=8),
+    Job(
+        "smollm2-135m",
+        2048,
+        "pallas",
+        (16,),
+        remat="save_attention_mlp",
+        microbatches=8,
+        tiles=INDEXED,
+    ),
+    Job("smollm2-135m", 512, "pallas", (32,), remat="save_attention_mlp", microbatches=4),
+    Job(
+        "smollm2-135m",
+        512,
+        "pallas",
+        (32,),
+        remat="save_attention_mlp",
+        microbatches=4,
+        tiles=INDEXED,
+    ),
 ]
 TINY_JOBS = [
     Job("qwen2.5-0.5b", 256, "pallas", (4, 2)),
@@ -642,6 +691,8 @@ def train_job(job: Job, kernels: Kernels, args, rec: Recorder, workdir: str) -> 
         base["remat"] += " (dense residuals)"
     if job.microbatches > 1 and not chosen.accumulate_by_reference:
         base["remat"] += " (sums by value)"
+    if chosen.indexed_layers:
+        base["remat"] += " (indexed layers)"
     for pairs in job.batches:
         if time.monotonic() - START > args.budget_s - args.reserve_s:
             rec.add({**base, "pairs": pairs, "status": "skipped: budget"})
@@ -938,6 +989,7 @@ SETS = {  # --set NAME: its job list (defaults and tree have their own)
     "profile": PROFILE_JOBS,
     "rope": ROPE_JOBS,
     "accumulate": ACCUMULATE_JOBS,
+    "indexed": INDEXED_JOBS,
     "defaults": [],
     "tree": [],
 }

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -43,11 +44,16 @@ def shape_dir(tmp_path_factory):
     return d
 
 
-def run_plan(*args: str, libtpu: bool = True, prelude: str = "") -> subprocess.CompletedProcess:
-    """`rewardax plan ARGS`; ``prelude``: Python run first in the same process (a test's patch)."""
+def run_plan(
+    *args: str, libtpu: bool = True, prelude: str = "", hlo_dir: Path | None = None
+) -> subprocess.CompletedProcess:
+    """`rewardax plan ARGS`; ``prelude``: Python run first in the same process (a test's patch);
+    ``hlo_dir``: where XLA writes the compiled programs' HLO text."""
     if libtpu and not (LIBTPU / "libtpu").is_dir():
         pytest.fail(f"libtpu is not in {LIBTPU}: `make test` installs it (requirements-tpu.lock)")
     env = {"JAX_PLATFORMS": "cpu", "PATH": str(RX.parent)}
+    if hlo_dir is not None:
+        env["XLA_FLAGS"] = f"--xla_dump_to={hlo_dir} --xla_dump_hlo_as_text"
     if libtpu:
         env["PYTHONPATH"] = str(LIBTPU)
     command = [str(RX), "plan", *args]
@@ -328,3 +334,39 @@ def test_gradients_summed_by_reference_need_no_gradient_buffer_per_microbatch(tm
     layers = n * (2 * hidden * hidden + 2 * hidden * kv + 3 * hidden * mlp + 2 * hidden)
     saved = by_value["temporaries"] - now["temporaries"]
     assert saved >= 4 * layers, (now, by_value, 4 * layers)
+
+
+INDEXED = """
+import dataclasses
+import rewardax.plan
+_select = rewardax.plan.select_kernels
+rewardax.plan.select_kernels = lambda *a, **k: dataclasses.replace(
+    _select(*a, **k), indexed_layers=True)
+"""
+
+
+def test_indexed_layers_add_weight_gradients_into_the_sums_without_copies(tmp_path):
+    """Compiled for a v5e, a step of 4 microbatches summed by reference: over the stacked
+    parameters, XLA copies each MLP matrix's slice of the float32 sum out (a fusion of its own)
+    before the matmul adds the layer's gradient into it; with `Kernels.indexed_layers` the add
+    reads the slice inside the matmul's fusion, and no such copy is left. 12 layers of 1024:
+    looped, like Qwen2.5-0.5B, where the copies took ~19 ms of a 372 ms step at 16 x 512."""
+    hidden, mlp, n = 1024, 4096, 12
+    arch = {**ARCH, "hidden_size": hidden, "intermediate_size": mlp, "num_hidden_layers": n}
+    (tmp_path / "config.json").write_text(json.dumps(arch))
+    common = [
+        "--topology=v5e:1x1",
+        f"--model.path={tmp_path}",
+        "--data.max_sequence_length=256",
+        "--model.remat_policy=save_attention_mlp",
+        "--train.per_device_train_batch_size=1",
+        "--train.gradient_accumulation_steps=4",
+    ]
+    # A fusion whose output is one layer's float32 slice of an MLP matrix (ENTRY or loop level).
+    copy = re.compile(rf"^  %\S+ = f32\[1,({hidden},{mlp}|{mlp},{hidden})\]\S* fusion\(", re.M)
+    copies = {}
+    for name, prelude in (("scanned", ""), ("indexed", INDEXED)):
+        summary(run_plan(*common, prelude=prelude, hlo_dir=tmp_path / name))
+        (program,) = (tmp_path / name).glob("*in_mesh*.after_optimizations.txt")
+        copies[name] = len(copy.findall(program.read_text()))
+    assert copies == {"scanned": 3, "indexed": 0}

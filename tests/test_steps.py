@@ -142,6 +142,69 @@ def test_accumulation_by_reference_equals_by_value(name, monkeypatch):
     np.testing.assert_allclose(metrics_r["loss"], metrics_v["loss"], rtol=1e-6)
 
 
+def first_loop_inputs(jaxpr: jax.extend.core.Jaxpr, length: int) -> list | None:
+    """The per-step inputs (xs) of the first scan of ``length`` steps in ``jaxpr``, searched
+    depth first in program order: in a train step, the forward pass's layer loop."""
+    for eqn in jaxpr.eqns:
+        if eqn.primitive.name == "scan" and eqn.params["length"] == length:
+            return [
+                v.aval for v in eqn.invars[eqn.params["num_consts"] + eqn.params["num_carry"] :]
+            ]
+        for sub in jax.extend.core.jaxprs_in_params(eqn.params):
+            found = first_loop_inputs(sub, length)
+            if found is not None:
+                return found
+    return None
+
+
+@pytest.mark.parametrize(
+    "name", [pytest.param("float32", marks=pytest.mark.slow), "remat full, dropout"]
+)
+def test_indexed_layers_equal_scanned_layers(name, monkeypatch):
+    """`Kernels.indexed_layers`: the layer loop runs over the layer indices and reads each
+    layer's parameters from the stacked ones, instead of running over the stacked parameters.
+    The updates agree to float32 rounding with the gradients summed by value and by reference,
+    with remat and dropout (the same masks: the keys still come per layer)."""
+    monkeypatch.setattr(transformer, "UNROLLED_MAX_LAYERS", 1)  # layers looped
+    settings, _, _ = ACCUMULATED[name]
+    batch = random_batch(np.random.default_rng(4), 8, length=16)
+    updates = {}
+    for by_reference in (False, True):
+        for indexed in (False, True):
+            kernels = dataclasses.replace(
+                select_kernels("cpu", "cpu"),
+                accumulate_by_reference=by_reference,
+                indexed_layers=indexed,
+            )
+            model = RewardModel(TINY, rngs=nnx.Rngs(0), **{**settings, "kernels": kernels})
+            state = RewardState.create(model, optax.sgd(1.0), seed=0)
+            step = make_train_step(
+                state.graphdef,
+                optax.sgd(1.0),
+                optax.constant_schedule(1.0),
+                accumulation_steps=4,
+                dropout=settings.get("dropout_rate", 0) > 0,
+            )
+            # What the forward layer loop runs over: stacked float32 parameters, or indices.
+            xs = first_loop_inputs(jax.make_jaxpr(step)(state.arrays(), batch).jaxpr, 2)
+            assert any(x.dtype == jnp.float32 for x in xs) != indexed, xs
+            assert any(x.dtype == jnp.int32 and x.shape == (2,) for x in xs) == indexed, xs
+            arrays, _ = jax.jit(step)(state.arrays(), batch)
+            updates[by_reference, indexed] = [
+                np.asarray(a) - np.asarray(b)
+                for a, b in zip(
+                    jax.tree.leaves(arrays["params"]),
+                    jax.tree.leaves(state.arrays()["params"]),
+                    strict=True,
+                )
+            ]
+    reference = updates[False, False]
+    assert max(float(np.abs(u).max()) for u in reference) > 1e-4
+    for key, update in updates.items():
+        for u, r in zip(update, reference, strict=True):
+            np.testing.assert_allclose(u, r, rtol=1e-5, atol=1e-6, err_msg=str(key))
+
+
 def test_accumulation_with_float32_and_bf16_parameters_sums_by_value(monkeypatch):
     """Float32 and bf16 parameters in one step (`optim.offload_params` runs on bf16 copies of the
     matrices): every gradient is returned by value even with `Kernels.accumulate_by_reference`

@@ -104,6 +104,16 @@ class Kernels:
         `rewardax.steps`) instead of returning them. Compiled for a v5e: 2.58 GiB less for
         Qwen2.5-0.5B at 1 pair x 8 of 2048, and no per-microbatch add. On XLA:CPU the step
         needed more memory that way (twice the temporaries of a small model), so on a TPU only.
+      indexed_layers: the layer loop runs over the layer indices and each step reads its
+        layer's parameters from the stacked ones (inside the remat'd body), instead of running
+        over the stacked parameters themselves. The same values. Compiled for a v5e with sums
+        by reference, the backward pass then adds each MLP weight's gradient into its slice of
+        the sum inside the matmul's fusion; over the stacked parameters XLA first copies that
+        slice out (one f32 [hidden, intermediate] copy per MLP matrix, layer and microbatch:
+        ~19 ms of a 372 ms Qwen2.5-0.5B step at 16 x 512, ~27 of 825 at 8 x 2048, in the
+        chip's profile of 2026-12-07 fifth session), and the per-layer bf16 copies of the MLP
+        weights go too, in no more memory (0.5B at 2 x 8 of 512: 11.34 against 11.42 GiB).
+        Not timed on a chip yet (`benchmarks/tpu_bench.py --set indexed`), so off everywhere.
     """
 
     name: str
@@ -121,6 +131,7 @@ class Kernels:
     float32_precision: str | None = None
     float32_sums: bool = True
     accumulate_by_reference: bool = False
+    indexed_layers: bool = False
 
     def products(self, matmul_dtype: Any) -> contextlib.AbstractContextManager:
         """The context to trace the model's products in, for matmul inputs of ``matmul_dtype``:

@@ -855,11 +855,19 @@ class Decoder(nnx.Module):
             layer = nnx.merge(graphdef, layer_state)
             return layer(h, cos, sin, mask, deterministic, key, kernels), None
 
-        if self.remat_policy != "none":
-            run_layer = jax.checkpoint(run_layer, policy=remat_policy_fn(self.remat_policy))
         n = self.config.num_hidden_layers
         keys = jax.random.split(dropout_rng, n) if dropout_rng is not None else None
-        x, _ = jax.lax.scan(run_layer, x, (stacked, keys), unroll=not self.layers_looped)
+        body, xs = run_layer, (stacked, keys)
+        if kernels.indexed_layers and self.layers_looped:
+
+            def run_indexed(h: jax.Array, per_layer) -> tuple[jax.Array, None]:
+                index, key = per_layer
+                return run_layer(h, (jax.tree.map(lambda p: p[index], stacked), key))
+
+            body, xs = run_indexed, (jnp.arange(n), keys)
+        if self.remat_policy != "none":
+            body = jax.checkpoint(body, policy=remat_policy_fn(self.remat_policy))
+        x, _ = jax.lax.scan(body, x, xs, unroll=not self.layers_looped)
         return self.norm(x, kernels)
 
     @property
