@@ -17,10 +17,11 @@ bf16 projections took 1.79 ms where `mixed_matmuls` took 2.28 ms, and the blocke
 `pallas` also rotates RoPE's half-heads by a product with a [D, D] matrix (`Kernels.rope_matmul`):
 on a v5e the slices of the other form cost 9-12% of a step (benchmarks/README.md, 2026-12-07).
 
-Two choices follow the backend whatever the setting: on a TPU the bf16 norm product and bias add
-stay bf16 (`Kernels.float32_sums`: XLA:TPU sums their gradients in float32 by itself), and with
+Three choices follow the backend whatever the setting: on a TPU the bf16 norm product and bias
+add stay bf16 (`Kernels.float32_sums`: XLA:TPU sums their gradients in float32 by itself), with
 gradient accumulation the backward pass adds into the step's running sums by reference
-(`Kernels.accumulate_by_reference`: less memory there, more on XLA:CPU).
+(`Kernels.accumulate_by_reference`: less memory there, more on XLA:CPU), and the layer loop runs
+over the layer indices (`Kernels.indexed_layers`: Qwen2.5-0.5B steps 5-9% shorter on a v5e).
 
 `auto` (the default) is `cpu` on the CPU backend, `pallas` on a TPU and `xla` elsewhere (GPUs).
 The splash kernel covers every layout: causal attention within segments (padding, packed rows,
@@ -108,12 +109,14 @@ class Kernels:
         layer's parameters from the stacked ones (inside the remat'd body), instead of running
         over the stacked parameters themselves. The same values. Compiled for a v5e with sums
         by reference, the backward pass then adds each MLP weight's gradient into its slice of
-        the sum inside the matmul's fusion; over the stacked parameters XLA first copies that
-        slice out (one f32 [hidden, intermediate] copy per MLP matrix, layer and microbatch:
-        ~19 ms of a 372 ms Qwen2.5-0.5B step at 16 x 512, ~27 of 825 at 8 x 2048, in the
-        chip's profile of 2026-12-07 fifth session), and the per-layer bf16 copies of the MLP
-        weights go too, in no more memory (0.5B at 2 x 8 of 512: 11.34 against 11.42 GiB).
-        Not timed on a chip yet (`benchmarks/tpu_bench.py --set indexed`), so off everywhere.
+        the sum inside the matmul's fusion; over the stacked parameters XLA first copied that
+        slice out (one float32 [hidden, intermediate] copy per MLP matrix, layer and
+        microbatch: ~19 ms of a 372 ms Qwen2.5-0.5B step at 16 x 512, ~27 of 825 at 8 x 2048,
+        in the chip's profile), and the per-layer bf16 copies of the MLP weights go too, in no
+        more memory. On the chip (`benchmarks/tpu_bench.py --set indexed`, 2026-12-07 fifth
+        session): 0.5B 57.0% MFU against 54.0% at 8 x 2048, 55.9% against 51.1% at 16 x 512;
+        SmolLM2-135M +0.2 points; Qwen2.5-1.5B (bf16 parameters, no accumulation) 63.7%
+        against 63.3%. On a TPU only: not measured elsewhere.
     """
 
     name: str
@@ -159,6 +162,7 @@ def select_kernels(setting: str = "auto", backend: str | None = None) -> Kernels
     precision = None if backend == "cpu" else "highest"
     sums = backend != "tpu"
     by_reference = backend == "tpu"
+    indexed = backend == "tpu"
     if setting == "auto":
         setting = {"cpu": "cpu", "tpu": "pallas"}.get(backend, "xla")
     if setting == "cpu":
@@ -169,6 +173,7 @@ def select_kernels(setting: str = "auto", backend: str | None = None) -> Kernels
             float32_precision=precision,
             float32_sums=sums,
             accumulate_by_reference=by_reference,
+            indexed_layers=indexed,
         )
     if setting == "xla":
         return Kernels(
@@ -178,6 +183,7 @@ def select_kernels(setting: str = "auto", backend: str | None = None) -> Kernels
             float32_precision=precision,
             float32_sums=sums,
             accumulate_by_reference=by_reference,
+            indexed_layers=indexed,
         )
     return Kernels(
         "pallas",
@@ -188,6 +194,7 @@ def select_kernels(setting: str = "auto", backend: str | None = None) -> Kernels
         float32_precision=precision,
         float32_sums=sums,
         accumulate_by_reference=by_reference,
+        indexed_layers=indexed,
     )
 
 

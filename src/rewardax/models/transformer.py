@@ -838,6 +838,9 @@ class Decoder(nnx.Module):
         copy of the layer per layer): XLA then schedules across layers and keeps no stacked
         residuals, 6-9% faster steps for issue #7's 4-layer model on 2 cores, for a compile time
         that stays small at that depth (not with remat "offload_attention": see below).
+        With ``kernels.indexed_layers`` (a TPU's) a looped scan runs over the layer indices and
+        reads each layer's parameters from the stacked ones inside the remat'd body: the same
+        values, faster backward passes there (`Kernels.indexed_layers`).
         ``dropout_rng`` (a key, split per layer) is required when dropout is active.
         """
         if not deterministic and self.dropout_rate > 0 and dropout_rng is None:
