@@ -1,6 +1,6 @@
 """TPU throughput of RewardTrainer's jitted step, today's kernels against the backend's (issue 28).
 
-    python benchmarks/tpu_bench.py [--set kernels|remat|remat2|tune|offload|offload_attention|microbatch|save_mlp|profile|rope|accumulate|indexed|defaults|tree]
+    python benchmarks/tpu_bench.py [--set kernels|remat|remat2|tune|offload|offload_attention|microbatch|save_mlp|profile|rope|accumulate|indexed|defaults|tree|attention]
         [--budget-s 420] [--steps 8] [--profile N] [--out DIR] [--tiny]
 
 Random-init models of real shapes (SmolLM2-135M, Qwen2.5-0.5B, Qwen2.5-1.5B), bf16 compute, float32
@@ -29,7 +29,8 @@ backend (a check of the script itself; splash in interpret mode off a TPU). Job 
 profile,save_mlp`; `--jobs` then indexes the combined list.
 `--profile N`: after each job's timing, N more steps traced with `jax.profiler`, their device
 time summed per op into OUT/profile.md (`device_profile.py`), the first job's trace kept as
-OUT/trace.xplane.pb.
+OUT/trace.xplane.pb; the attention bench's timed programs are traced the same way (N calls).
+`--set attention`: attention alone with the model's tiles at `ATTENTION_SHAPES`, no models.
 """
 
 from __future__ import annotations
@@ -375,6 +376,11 @@ TINY_JOBS = [
     Job("smollm2-135m", 128, "pallas", (2,), param_dtype="bfloat16"),
 ]
 
+# `--set attention` (with `--profile`): attention alone with the model's splash tiles, traced, at
+# the attention bench's 16 x 2048 (17.9% of peak, 2026-12-05), at the 2 x 2048 of one call in
+# Qwen2.5-0.5B's default step (where the kernels ran at ~27%: 188 ms for 192 calls, 2026-12-07
+# fifth session), and at 64 x 512; the per-op times say where the difference goes.
+ATTENTION_SHAPES = [(16, 2048), (2, 2048), (64, 512)]
 # Splash tiles tried in the attention benchmark: (block_q, block_kv, fused backward).
 SPLASH_TILES = [(512, 512, False), (1024, 1024, False), (512, 512, True)]
 # `--set tune`: (block_q, block_kv, block_kv_compute, bwd_block_q, bwd_block_kv), fused backward.
@@ -428,11 +434,10 @@ class Recorder:
     def add(self, row: dict) -> None:
         row = {"elapsed_s": round(time.monotonic() - START, 1), **row}
         if row.get("profile", {}).get("ops"):  # `--profile`: one section per job in profile.md
-            title = " ".join(
-                f"{row.get(k)}" for k in ("shape", "T", "remat", "pairs") if row.get(k) is not None
-            )
+            keys = ("shape", "impl", "rows", "T", "remat", "pairs")
+            title = " ".join(f"{row.get(k)}" for k in keys if row.get(k) is not None)
             title += f" ({row['microbatches']} microbatches)" if row.get("microbatches") else ""
-            step_ms = 1e3 * row["step_s"] if row.get("step_s") else None
+            step_ms = 1e3 * row["step_s"] if row.get("step_s") else row.get("fwd_bwd_ms")
             with (self.md.parent / "profile.md").open("a") as f:
                 f.write(device_profile.markdown(title, row["profile"], step_ms))
         self.rows.append(row)
@@ -550,6 +555,13 @@ def attention_bench(rows: int, t: int, args, rec: Recorder) -> dict | None:
         impls = {}
         sweep = [(128, 128, 128, 128, 128)] if args.tiny else TUNE_TILES
         tile_sets = [tile_fields(tiles) for tiles in sweep]
+    elif args.set == "attention":  # the model's tiles only (`Kernels`' defaults)
+        impls = {}
+        tiles = ("block_q", "block_kv", "block_kv_compute", "bwd_block_q", "bwd_block_kv")
+        chosen = select_kernels("pallas")
+        tile_sets = [{f: getattr(chosen, f) for f in (*tiles, "fused_backward")}]
+        if args.tiny:
+            tile_sets = [{**tile_sets[0], **dict.fromkeys(tiles, 128)}]
     else:
         sweep = [(128, 128, False)] if args.tiny else SPLASH_TILES
         tile_sets = [dict(block_q=a, block_kv=b, fused_backward=f) for a, b, f in sweep]
@@ -579,6 +591,8 @@ def attention_bench(rows: int, t: int, args, rec: Recorder) -> dict | None:
             row["fwd_bwd_ms"] = 1e3 * median_seconds(both, (q, k, v, aux), args.attn_iters)
             row["fwd_bwd_peak"] = flops / (row["fwd_bwd_ms"] / 1e3) / PEAK_FLOPS
             row["status"] = "ok"
+            if args.profile:
+                row["profile"] = profile_calls(both, (q, k, v, aux), args)
             if name in fields_of:
                 fields = fields_of[name]
                 if best is None or row["fwd_bwd_ms"] < best[0]:
@@ -627,6 +641,22 @@ def forward_backward(fn):
         return vjp(jnp.ones_like(out))
 
     return jax.jit(run)
+
+
+def profile_calls(fn, fn_args: tuple, args) -> dict:
+    """`--profile N`: ``fn(*fn_args)`` run N times under the profiler, the device time per op
+    (`device_profile.trace_ops`), or the error."""
+
+    def run_calls() -> None:
+        for _ in range(args.profile):
+            out = fn(*fn_args)
+        jax.block_until_ready(out)
+
+    try:
+        return device_profile.trace_ops(run_calls, args.profile, Path(args.out) / "trace.xplane.pb")
+    except Exception as exc:  # the timing stands without its trace
+        traceback.print_exc()
+        return {"error": error_text(exc)}
 
 
 def median_seconds(fn, fn_args: tuple, iters: int) -> float:
@@ -995,6 +1025,7 @@ SETS = {  # --set NAME: its job list (defaults and tree have their own)
     "indexed": INDEXED_JOBS,
     "defaults": [],
     "tree": [],
+    "attention": [],
 }
 
 
@@ -1044,6 +1075,14 @@ def main() -> None:
     kernels = select_kernels("pallas")
     if args.set in ("remat", "remat2"):  # the kernels run's best (benchmarks/README.md, 12-05)
         kernels = dataclasses.replace(kernels, block_q=512, block_kv=512, fused_backward=True)
+    elif args.set == "attention":  # no models: where attention alone spends its time
+        for rows, t in [(2, 256)] if args.tiny else ATTENTION_SHAPES:
+            try:
+                attention_bench(rows, t, args, rec)
+            except Exception as exc:
+                rec.add({"kind": "attention", "rows": rows, "T": t, "status": error_text(exc)})
+        print(rec.table(), flush=True)
+        return
     elif args.set in ("kernels", "tune"):  # the others run `Kernels`' default tiles
         try:
             best = attention_bench(2 if args.tiny else 16, 256 if args.tiny else 2048, args, rec)
