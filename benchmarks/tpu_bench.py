@@ -329,46 +329,14 @@ ACCUMULATE_JOBS = [
 # benchmarks/results/tpu_v5e_2026-12-07e_indexed.md.
 SCANNED = dict(indexed_layers=False)
 INDEXED_JOBS = [
-    Job(
-        "qwen2.5-0.5b",
-        2048,
-        "pallas",
-        (8,),
-        remat="save_attention_mlp",
-        microbatches=8,
-        tiles=SCANNED,
-    ),
-    Job("qwen2.5-0.5b", 2048, "pallas", (8,), remat="save_attention_mlp", microbatches=8),
-    Job(
-        "qwen2.5-0.5b",
-        512,
-        "pallas",
-        (16,),
-        remat="save_attention_mlp",
-        microbatches=8,
-        tiles=SCANNED,
-    ),
-    Job("qwen2.5-0.5b", 512, "pallas", (16,), remat="save_attention_mlp", microbatches=8),
-    Job(
-        "smollm2-135m",
-        2048,
-        "pallas",
-        (16,),
-        remat="save_attention_mlp",
-        microbatches=8,
-        tiles=SCANNED,
-    ),
-    Job("smollm2-135m", 2048, "pallas", (16,), remat="save_attention_mlp", microbatches=8),
-    Job(
-        "smollm2-135m",
-        512,
-        "pallas",
-        (32,),
-        remat="save_attention_mlp",
-        microbatches=4,
-        tiles=SCANNED,
-    ),
-    Job("smollm2-135m", 512, "pallas", (32,), remat="save_attention_mlp", microbatches=4),
+    Job(shape, t, "pallas", (pairs,), remat="save_attention_mlp", microbatches=mb, tiles=tiles)
+    for shape, t, pairs, mb in (
+        ("qwen2.5-0.5b", 2048, 8, 8),
+        ("qwen2.5-0.5b", 512, 16, 8),
+        ("smollm2-135m", 2048, 16, 8),
+        ("smollm2-135m", 512, 32, 4),
+    )
+    for tiles in (SCANNED, None)
 ]
 TINY_JOBS = [
     Job("qwen2.5-0.5b", 256, "pallas", (4, 2)),

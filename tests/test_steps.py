@@ -95,6 +95,35 @@ ACCUMULATED = {  # name: (RewardModel settings, LoRA rank, all trained parameter
 }
 
 
+def accumulating_step(settings: dict, kernels, rank: int = 0):
+    """TINY built with ``settings`` and ``kernels`` (LoRA adapters of ``rank`` on q_proj and
+    down_proj when given), its state, and its unjitted SGD(1.0) step of 4 microbatches."""
+    model = RewardModel(TINY, rngs=nnx.Rngs(0), **{**settings, "kernels": kernels})
+    if rank:
+        lora.add_adapters(model, rank=rank, alpha=8.0, targets=["q_proj", "down_proj"])
+    state = RewardState.create(model, optax.sgd(1.0), seed=0)
+    step = make_train_step(
+        state.graphdef,
+        optax.sgd(1.0),
+        optax.constant_schedule(1.0),
+        accumulation_steps=4,
+        dropout=settings.get("dropout_rate", 0) > 0,
+    )
+    return state, step
+
+
+def parameter_update(arrays, state) -> list[np.ndarray]:
+    """The float32 change of each parameter from ``state`` to ``arrays``, in leaf order."""
+    return [
+        np.asarray(a, np.float32) - np.asarray(b, np.float32)
+        for a, b in zip(
+            jax.tree.leaves(arrays["params"]),
+            jax.tree.leaves(state.arrays()["params"]),
+            strict=True,
+        )
+    ]
+
+
 @pytest.mark.parametrize("name", ACCUMULATED)
 def test_accumulation_by_reference_equals_by_value(name, monkeypatch):
     """`Kernels.accumulate_by_reference` (a TPU's): the gradients of float32 parameters are added
@@ -109,17 +138,7 @@ def test_accumulation_by_reference_equals_by_value(name, monkeypatch):
     for by_reference in (False, True):
         chosen = select_kernels(settings.get("kernels", "cpu"), "cpu")
         kernels = dataclasses.replace(chosen, accumulate_by_reference=by_reference)
-        model = RewardModel(TINY, rngs=nnx.Rngs(0), **{**settings, "kernels": kernels})
-        if rank:
-            lora.add_adapters(model, rank=rank, alpha=8.0, targets=["q_proj", "down_proj"])
-        state = RewardState.create(model, optax.sgd(1.0), seed=0)
-        step = make_train_step(
-            state.graphdef,
-            optax.sgd(1.0),
-            optax.constant_schedule(1.0),
-            accumulation_steps=4,
-            dropout=settings.get("dropout_rate", 0) > 0,
-        )
+        state, step = accumulating_step(settings, kernels, rank)
         # One running sum per float32 parameter is a reference, the others none.
         jaxpr = jax.make_jaxpr(step)(state.arrays(), batch)
         new_refs = sum(e.primitive.name == "new_ref" for e in jaxpr.eqns)
@@ -127,13 +146,7 @@ def test_accumulation_by_reference_equals_by_value(name, monkeypatch):
         assert all(p.dtype == jnp.float32 for p in leaves) == refs
         assert new_refs == (len(leaves) if by_reference and refs else 0)
         arrays, metrics = jax.jit(step)(state.arrays(), batch)
-        before = state.arrays()["params"]
-        update = jax.tree.map(
-            lambda a, b: np.asarray(a, np.float32) - np.asarray(b, np.float32),
-            arrays["params"],
-            before,
-        )
-        results.append((update, metrics))
+        results.append((parameter_update(arrays, state), metrics))
     (by_value, metrics_v), (by_ref, metrics_r) = results
     assert max(float(np.abs(u).max()) for u in jax.tree.leaves(by_value)) > 1e-4
     for v, r in zip(jax.tree.leaves(by_value), jax.tree.leaves(by_ref), strict=True):
@@ -176,28 +189,13 @@ def test_indexed_layers_equal_scanned_layers(name, monkeypatch):
                 accumulate_by_reference=by_reference,
                 indexed_layers=indexed,
             )
-            model = RewardModel(TINY, rngs=nnx.Rngs(0), **{**settings, "kernels": kernels})
-            state = RewardState.create(model, optax.sgd(1.0), seed=0)
-            step = make_train_step(
-                state.graphdef,
-                optax.sgd(1.0),
-                optax.constant_schedule(1.0),
-                accumulation_steps=4,
-                dropout=settings.get("dropout_rate", 0) > 0,
-            )
+            state, step = accumulating_step(settings, kernels)
             # What the forward layer loop runs over: stacked float32 parameters, or indices.
             xs = first_loop_inputs(jax.make_jaxpr(step)(state.arrays(), batch).jaxpr, 2)
             assert any(x.dtype == jnp.float32 for x in xs) != indexed, xs
             assert any(x.dtype == jnp.int32 and x.shape == (2,) for x in xs) == indexed, xs
             arrays, _ = jax.jit(step)(state.arrays(), batch)
-            updates[by_reference, indexed] = [
-                np.asarray(a) - np.asarray(b)
-                for a, b in zip(
-                    jax.tree.leaves(arrays["params"]),
-                    jax.tree.leaves(state.arrays()["params"]),
-                    strict=True,
-                )
-            ]
+            updates[by_reference, indexed] = parameter_update(arrays, state)
     reference = updates[False, False]
     assert max(float(np.abs(u).max()) for u in reference) > 1e-4
     for key, update in updates.items():
