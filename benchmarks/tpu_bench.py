@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 import gc
 import json
 import os
@@ -530,6 +531,7 @@ def attention_bench(rows: int, t: int, args, rec: Recorder) -> dict | None:
         tile_sets = [{f: getattr(chosen, f) for f in (*tiles, "fused_backward")}]
         if args.tiny:
             tile_sets = [{**tile_sets[0], **dict.fromkeys(tiles, 128)}]
+        impls |= raw_splash_impls(tile_sets[0], rows, t, h, interpret)
     else:
         sweep = [(128, 128, False)] if args.tiny else SPLASH_TILES
         tile_sets = [dict(block_q=a, block_kv=b, fused_backward=f) for a, b, f in sweep]
@@ -546,21 +548,23 @@ def attention_bench(rows: int, t: int, args, rec: Recorder) -> dict | None:
     best: tuple[float, dict] | None = None
     forward_best: tuple[float, dict] | None = None
     backward_best: tuple[float, dict] | None = None
-    for name, (fn, aux) in impls.items():
+    for name, (fn, aux, *layout) in impls.items():
+        # (fn, aux) or (fn, None, layout): fn takes layout(q/k/v) and the segment ids
+        operands = (q, k, v, aux) if not layout else (*map(layout[0], (q, k, v)), seg)
         if time.monotonic() - START > args.budget_s - 20:
             rec.add({"kind": "attention", "impl": name, "rows": rows, "T": t, "status": "budget"})
             continue
         row: dict[str, Any] = {"kind": "attention", "impl": name, "rows": rows, "T": t}
         try:
-            fwd = jax.jit(fn).lower(q, k, v, aux).compile()
-            both = forward_backward(fn).lower(q, k, v, aux).compile()
+            fwd = jax.jit(fn).lower(*operands).compile()
+            both = forward_backward(fn).lower(*operands).compile()
             row["hbm_gib"] = hbm_gib(both)
-            row["fwd_ms"] = 1e3 * median_seconds(fwd, (q, k, v, aux), args.attn_iters)
-            row["fwd_bwd_ms"] = 1e3 * median_seconds(both, (q, k, v, aux), args.attn_iters)
+            row["fwd_ms"] = 1e3 * median_seconds(fwd, operands, args.attn_iters)
+            row["fwd_bwd_ms"] = 1e3 * median_seconds(both, operands, args.attn_iters)
             row["fwd_bwd_peak"] = flops / (row["fwd_bwd_ms"] / 1e3) / PEAK_FLOPS
             row["status"] = "ok"
             if args.profile:
-                row["profile"] = profile_calls(both, (q, k, v, aux), args)
+                row["profile"] = profile_calls(both, operands, args)
             if name in fields_of:
                 fields = fields_of[name]
                 if best is None or row["fwd_bwd_ms"] < best[0]:
@@ -599,6 +603,50 @@ def attention_bench(rows: int, t: int, args, rec: Recorder) -> dict | None:
                 row["status"] = error_text(exc)
             rec.add(row)
     return None if best is None else best[1]
+
+
+def raw_splash_impls(fields: dict, rows: int, t: int, heads: int, interpret: bool) -> dict:
+    """`--set attention`: JAX's splash kernel called as it is, on q/k/v already [N, H, T, D] and
+    already scaled (none of `splash_attention`'s transposes, scaling, padding mask), with and
+    without segment ids: what the wrapper and the segment compare cost."""
+    from jax.experimental.pallas.ops.tpu.splash_attention import (
+        splash_attention_kernel as splash,
+    )
+    from jax.experimental.pallas.ops.tpu.splash_attention import (
+        splash_attention_mask as splash_mask,
+    )
+
+    from rewardax.models.pallas_attention import splash_block_sizes
+
+    sizes = splash_block_sizes(
+        t,
+        fields["block_q"],
+        fields["block_kv"],
+        fields["fused_backward"],
+        block_kv_compute=fields["block_kv_compute"],
+        bwd_block_q=fields["bwd_block_q"],
+        bwd_block_kv=fields["bwd_block_kv"],
+    )
+    mask = splash_mask.MultiHeadMask([splash_mask.CausalMask((t, t))] * heads)
+    major = lambda a: a.transpose(0, 2, 1, 3)  # noqa: E731
+
+    def run(q, k, v, seg, segments: bool):
+        kernel = splash.make_splash_mha(
+            mask, block_sizes=sizes, head_shards=1, q_seq_shards=1, interpret=interpret
+        )
+        if segments:
+            one = lambda q, k, v, s: kernel(q, k, v, splash.SegmentIds(q=s, kv=s))  # noqa: E731
+            return jax.vmap(one)(q, k, v, seg)
+        return jax.vmap(kernel)(q, k, v)
+
+    return {
+        f"{name} (raw kernel, heads-major{', segments' if segments else ''})": (
+            functools.partial(run, segments=segments),
+            None,
+            major,
+        )
+        for name, segments in [(tile_name(fields), True), (tile_name(fields), False)]
+    }
 
 
 def forward_backward(fn):
