@@ -64,7 +64,8 @@ def product_kernel(m: int, transposed: bool, repeats: int, slices: int):
 
 def time_product(m, k, n, transposed, dtype, repeats, steps, iters, interpret) -> float:
     """Seconds per call of `steps` grid steps of `repeats` products each (median of iters)."""
-    slices = max(1, min(repeats, SLICE_BYTES // (m * k * jnp.dtype(dtype).itemsize)))
+    # a block of k < 128 columns is laid out in 128-wide tiles
+    slices = max(1, min(repeats, SLICE_BYTES // (m * max(k, 128) * jnp.dtype(dtype).itemsize)))
     r = np.random.default_rng(0)
     a = jnp.asarray(r.normal(size=(steps, slices * m, k)), dtype)
     b = jnp.asarray(r.normal(size=(n, k) if transposed else (k, n)), dtype)
