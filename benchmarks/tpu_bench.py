@@ -30,7 +30,8 @@ profile,save_mlp`; `--jobs` then indexes the combined list.
 `--profile N`: after each job's timing, N more steps traced with `jax.profiler`, their device
 time summed per op into OUT/profile.md (`device_profile.py`), the first job's trace kept as
 OUT/trace.xplane.pb; the attention bench's timed programs are traced the same way (N calls).
-`--set attention`: attention alone with the model's tiles at `ATTENTION_SHAPES`, no models.
+`--set attention`: attention alone with the model's tiles at `ATTENTION_SHAPES`, JAX's splash
+kernel called as it is, and rewardax's own kernel (`FLASH_TILES`); no models.
 """
 
 from __future__ import annotations
@@ -350,6 +351,16 @@ TINY_JOBS = [
 # Qwen2.5-0.5B's default step (where the kernels ran at ~27%: 188 ms for 192 calls, 2026-12-07
 # fifth session), and at 64 x 512; the per-op times say where the difference goes.
 ATTENTION_SHAPES = [(16, 2048), (2, 2048), (64, 512)]
+# rewardax's own kernel (`flash_attention`) in `--set attention`: (block_q, block_kv,
+# bwd_block_q, bwd_block_kv); all at the first shape, the first at the others.
+FLASH_FIELDS = ("block_q", "block_kv", "bwd_block_q", "bwd_block_kv")
+FLASH_TILES = [
+    (1024, 512, 512, 512),
+    (512, 512, 512, 512),
+    (1024, 1024, 512, 1024),
+    (2048, 512, 1024, 512),
+    (1024, 512, 512, 1024),
+]
 # Splash tiles tried in the attention benchmark: (block_q, block_kv, fused backward).
 SPLASH_TILES = [(512, 512, False), (1024, 1024, False), (512, 512, True)]
 # `--set tune`: (block_q, block_kv, block_kv_compute, bwd_block_q, bwd_block_kv), fused backward.
@@ -532,6 +543,21 @@ def attention_bench(rows: int, t: int, args, rec: Recorder) -> dict | None:
         if args.tiny:
             tile_sets = [{**tile_sets[0], **dict.fromkeys(tiles, 128)}]
         impls |= raw_splash_impls(tile_sets[0], rows, t, h, interpret)
+        sweep = FLASH_TILES if (rows, t) == ATTENTION_SHAPES[0] else FLASH_TILES[:1]
+        for bq, bk, bbq, bbk in [(128, 128, 128, 128)] if args.tiny else sweep:
+            impls[f"flash fwd {bq}x{bk} bwd {bbq}x{bbk}"] = (
+                lambda q, k, v, s, tiles=(bq, bk, bbq, bbk): splash_attention(
+                    q,
+                    k,
+                    v,
+                    s,
+                    scale,
+                    interpret=interpret,
+                    flash=True,
+                    **dict(zip(FLASH_FIELDS, tiles, strict=True)),
+                ),
+                seg,
+            )
     else:
         sweep = [(128, 128, False)] if args.tiny else SPLASH_TILES
         tile_sets = [dict(block_q=a, block_kv=b, fused_backward=f) for a, b, f in sweep]

@@ -117,6 +117,11 @@ class Kernels:
         session): 0.5B 57.0% MFU against 54.0% at 8 x 2048, 55.9% against 51.1% at 16 x 512;
         SmolLM2-135M +0.2 points; Qwen2.5-1.5B (bf16 parameters, no accumulation) 63.7%
         against 63.3%. On a TPU only: not measured elsewhere.
+      flash: with `splash`, causal attention within segments (padded and packed rows) runs
+        rewardax's own Pallas kernel (`flash_attention`: bf16 products of the probabilities,
+        the backward summing a key/value head's gradients over its query group in VMEM) with
+        the tiles above (block_kv_compute and fused_backward are splash's only); the branch
+        mask and sliding windows run splash whatever this says.
     """
 
     name: str
@@ -135,6 +140,7 @@ class Kernels:
     float32_sums: bool = True
     accumulate_by_reference: bool = False
     indexed_layers: bool = False
+    flash: bool = False
 
     def products(self, matmul_dtype: Any) -> contextlib.AbstractContextManager:
         """The context to trace the model's products in, for matmul inputs of ``matmul_dtype``:

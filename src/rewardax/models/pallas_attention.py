@@ -33,6 +33,7 @@ from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_ke
 from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_mask as splash_mask
 from jax.sharding import PartitionSpec
 
+from rewardax.models.flash_attention import FlashTiles, flash_attention_heads_major
 from rewardax.models.kernels import ATTENTION_RESIDUALS, SPLASH_BLOCK, traced_under
 from rewardax.sharding import LOGICAL_AXIS_RULES
 
@@ -154,6 +155,7 @@ def splash_attention(
     bwd_block_q: int | None = None,
     bwd_block_kv: int | None = None,
     dense_residuals: bool = False,
+    flash: bool = False,
     branch_ids: jax.Array | None = None,
     positions: jax.Array | None = None,
     sliding_window: int | None = None,
@@ -178,6 +180,10 @@ def splash_attention(
       block_kv_compute, bwd_block_q, bwd_block_kv: see `splash_block_sizes`.
       interpret: run in Pallas' interpret mode (CPU tests).
       dense_residuals: what remat keeps of the kernel in 128-wide rows (`Kernels`).
+      flash: causal attention within segments runs rewardax's own kernel
+        (`flash_attention`, tiles block_q x block_kv forward, bwd_block_q x bwd_block_kv
+        backward; block_kv_compute and fused_backward are splash's); the branch mask and
+        sliding windows still run splash.
 
     Returns:
       [N, T, H, D] in q's dtype. float32 inputs run float32 products (the kernel's forward and
@@ -197,6 +203,8 @@ def splash_attention(
     t_pad = _round_up(
         t, math.lcm(sizes.block_q, sizes.block_kv, sizes.block_q_dkv, sizes.block_kv_dkv)
     )
+    # The same tiles, fitted to the row as splash's are.
+    flash_tiles = FlashTiles(sizes.block_q, sizes.block_kv, sizes.block_q_dkv, sizes.block_kv_dkv)
     # Scaled in float32 then rounded once; exact for head widths of 4**i (1/8 for 64).
     q = (q.astype(jnp.float32) * scale).astype(q.dtype)
     if sliding_window is not None and sliding_window >= t:
@@ -235,6 +243,8 @@ def splash_attention(
                 return kernel(q_row, k_row, v_row)
 
             return jax.vmap(one_tree_row)(q, k, v, ids)
+        if flash:
+            return flash_attention_heads_major(q, k, v, ids, flash_tiles, interpret)
         heads = q.shape[1]
         mask = splash_mask.MultiHeadMask([splash_mask.CausalMask((t_pad, t_pad))] * heads)
         kernel = splash.make_splash_mha(

@@ -561,6 +561,7 @@ class Attention(nnx.Module):
                 bwd_block_q=kernels.bwd_block_q,
                 bwd_block_kv=kernels.bwd_block_kv,
                 dense_residuals=kernels.dense_residuals,
+                flash=kernels.flash,
                 branch_ids=mask.branch_ids,
                 positions=mask.positions,
                 sliding_window=self.sliding_window,
