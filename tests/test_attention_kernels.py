@@ -127,6 +127,78 @@ def test_splash_attention_matches_cpu_attention_float32(layout, t):
     assert np.all(np.asarray(got[0])[np.asarray(seg) == 0] == 0)
 
 
+# rewardax's own kernel: several query and key tiles a row, forward and backward tiles of
+# different shapes (the causal skip and the clamped tile fetches in both directions); 384
+# tokens are padded to 512 inside.
+FLASH_TILES = dict(block_q=128, block_kv=256, bwd_block_q=256, bwd_block_kv=128)
+
+
+@pytest.mark.parametrize(
+    "layout, dtype",
+    [
+        ("full", jnp.float32),
+        ("right_padded", jnp.float32),
+        ("left_padded", jnp.float32),
+        ("packed", jnp.float32),
+        ("packed", jnp.bfloat16),
+    ],
+)
+def test_flash_attention_matches_cpu_attention(layout, dtype):
+    t = 384
+    q, k, v, cot = _inputs(t, dtype, seed=4)
+    seg = jnp.asarray(_segments(layout, t))
+    scale = 1.0 / np.sqrt(D)
+    got = _value_and_grads(
+        lambda q, k, v: splash_attention(
+            q, k, v, seg, scale, interpret=True, flash=True, **FLASH_TILES
+        ),
+        q,
+        k,
+        v,
+        cot,
+    )
+    want = _value_and_grads(
+        lambda q, k, v: _reference(q, k, v, seg, scale),
+        *(a.astype(jnp.float32) for a in (q, k, v)),
+        cot,
+    )
+    _assert_close(got, want, dtype)
+    assert np.all(np.asarray(got[0])[np.asarray(seg) == 0] == 0)
+
+
+def test_flash_attention_leaves_the_tree_mask_to_splash():
+    """Branch ids (and windows) need splash's dynamic mask: `flash=True` gives the same values
+    as splash there."""
+    t = 256
+    q, k, v, cot = _inputs(t, jnp.float32, seed=5)
+    segment, branch, _ = _tree_ids(t)
+    seg, branch = jnp.asarray(segment), jnp.asarray(branch)
+    scale = 1.0 / np.sqrt(D)
+    results = [
+        _value_and_grads(
+            lambda q, k, v, flash=flash: splash_attention(
+                q,
+                k,
+                v,
+                seg,
+                scale,
+                block_q=128,
+                block_kv=128,
+                interpret=True,
+                flash=flash,
+                branch_ids=branch,
+            ),
+            q,
+            k,
+            v,
+            cot,
+        )
+        for flash in (False, True)
+    ]
+    for a, b in zip(*results, strict=True):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+
+
 def _tree_ids(t: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Segment, branch and position ids [N, T] of shared-prompt rows (`pack_groups`' layout):
     row 0 a group of two responses and one of three, then padding; row 1 left padding, then a
@@ -546,9 +618,10 @@ def test_reward_model_kernels_agree(layout, matmul_dtype):
 
 
 @needs_tpu
-@pytest.mark.parametrize("fused_backward", [False, True])
-def test_splash_attention_compiled_on_tpu(fused_backward):
-    """The compiled kernel (not interpret mode) at a v5e tile of 512, bf16 inputs."""
+@pytest.mark.parametrize("fused_backward, flash", [(False, False), (True, False), (True, True)])
+def test_splash_attention_compiled_on_tpu(fused_backward, flash):
+    """The compiled kernel (not interpret mode) at a v5e tile of 512, bf16 inputs; `flash`:
+    rewardax's own kernel at the same tiles."""
     t = 1024
     q, k, v, cot = _inputs(t, jnp.bfloat16, seed=3)
     seg = jnp.asarray(_segments("packed", t))
@@ -557,7 +630,15 @@ def test_splash_attention_compiled_on_tpu(fused_backward):
         got = _value_and_grads(
             jax.jit(
                 lambda q, k, v: splash_attention(
-                    q, k, v, seg, scale, block_q=512, block_kv=512, fused_backward=fused_backward
+                    q,
+                    k,
+                    v,
+                    seg,
+                    scale,
+                    block_q=512,
+                    block_kv=512,
+                    fused_backward=fused_backward,
+                    flash=flash,
                 )
             ),
             q,
