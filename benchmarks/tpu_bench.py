@@ -1,6 +1,6 @@
 """TPU throughput of RewardTrainer's jitted step, today's kernels against the backend's (issue 28).
 
-    python benchmarks/tpu_bench.py [--set kernels|remat|remat2|tune|offload|offload_attention|microbatch|save_mlp|profile|rope|accumulate|indexed|defaults|tree|attention]
+    python benchmarks/tpu_bench.py [--set kernels|remat|remat2|tune|offload|offload_attention|microbatch|save_mlp|profile|rope|accumulate|indexed|flash|defaults|tree|attention]
         [--budget-s 420] [--steps 8] [--profile N] [--out DIR] [--tiny]
 
 Random-init models of real shapes (SmolLM2-135M, Qwen2.5-0.5B, Qwen2.5-1.5B), bf16 compute, float32
@@ -340,6 +340,22 @@ INDEXED_JOBS = [
     )
     for tiles in (SCANNED, None)
 ]
+# `--set flash`: rewardax's own attention kernel (`Kernels.flash`) against splash in the model,
+# at `auto`'s settings for the two 2048 shapes and 0.5B at 512 (as `--set indexed`), and at
+# 1.5B's (bf16 parameters, 2 pairs, remat full: 63.7% with splash).
+FLASH = dict(flash=True, block_q=1024, block_kv=512, bwd_block_q=512, bwd_block_kv=512)
+FLASH_JOBS = [
+    Job(shape, t, "pallas", (pairs,), remat="save_attention_mlp", microbatches=mb, tiles=tiles)
+    for shape, t, pairs, mb in (
+        ("qwen2.5-0.5b", 2048, 8, 8),
+        ("smollm2-135m", 2048, 16, 8),
+        ("qwen2.5-0.5b", 512, 16, 8),
+    )
+    for tiles in (None, FLASH)
+] + [
+    Job("qwen2.5-1.5b", 2048, "pallas", (2,), param_dtype="bfloat16", remat="full", tiles=tiles)
+    for tiles in (None, FLASH)
+]
 TINY_JOBS = [
     Job("qwen2.5-0.5b", 256, "pallas", (4, 2)),
     Job("qwen2.5-0.5b", 256, "cpu", (2,)),
@@ -399,6 +415,8 @@ def tile_name(k: Any) -> str:
     bq, bkv = get("block_q"), get("block_kv")
     bkvc = get("block_kv_compute") or bkv
     bbq, bbkv = get("bwd_block_q") or bq, get("bwd_block_kv") or bkv
+    if isinstance(k, Kernels) and k.flash:  # rewardax's kernel
+        return f"flash fwd {bq}x{bkv} bwd {bbq}x{bbkv}"
     fused = " fused" if get("fused_backward") else ""
     return f"splash fwd {bq}x{bkv}/{bkvc} bwd {bbq}x{bbkv}{fused}"
 
@@ -1065,6 +1083,7 @@ SETS = {  # --set NAME: its job list (defaults and tree have their own)
     "rope": ROPE_JOBS,
     "accumulate": ACCUMULATE_JOBS,
     "indexed": INDEXED_JOBS,
+    "flash": FLASH_JOBS,
     "defaults": [],
     "tree": [],
     "attention": [],
