@@ -65,6 +65,22 @@ def _lanes(x: jax.Array, width: int) -> jax.Array:
     return x if width == _LANES else jnp.tile(x, (1, width // _LANES))
 
 
+def _one_segment(a: jax.Array, b: jax.Array) -> jax.Array:
+    """Whether every segment id in the two tiles' ids is the same one (then the segment mask
+    rules nothing out and is not computed)."""
+    return jnp.logical_and(jnp.max(a) == jnp.min(b), jnp.min(a) == jnp.max(b))
+
+
+def _dispatch(step, needed, on_diagonal, one_segment) -> None:
+    """``step(on_diagonal, segments)`` for a needed tile pair: the causal mask only on tiles the
+    diagonal crosses, the segment mask only where the tiles hold more than one segment."""
+    for diagonal in (False, True):
+        for segments in (False, True):
+            cond = jnp.logical_and(needed, on_diagonal if diagonal else ~on_diagonal)
+            cond = jnp.logical_and(cond, ~one_segment if segments else one_segment)
+            pl.when(cond)(functools.partial(step, diagonal, segments))
+
+
 # ----------------------------------------------------------------------------- forward
 
 
@@ -93,14 +109,17 @@ def _forward_kernel(
         l_ref[...] = jnp.zeros_like(l_ref)
         acc_ref[...] = jnp.zeros_like(acc_ref)
 
-    def step(on_diagonal: bool):
+    def step(on_diagonal: bool, segments: bool):
         s = _dot(q_ref[...], k_ref[...], (1, 1))  # [bq, bk]
-        seen = _lanes(q_seg_ref[...], bk) == kv_seg_ref[...]
+        seen = None
+        if segments:
+            seen = _lanes(q_seg_ref[...], bk) == kv_seg_ref[...]
         if on_diagonal:
             rows = q_first + jax.lax.broadcasted_iota(jnp.int32, (bq, bk), 0)
             cols = k_first + jax.lax.broadcasted_iota(jnp.int32, (bq, bk), 1)
-            seen &= cols <= rows
-        s = jnp.where(seen, s, _MASKED)
+            seen = cols <= rows if seen is None else seen & (cols <= rows)
+        if seen is not None:
+            s = jnp.where(seen, s, _MASKED)
         m_prev = m_ref[...]
         m_next = jnp.maximum(m_prev, jnp.max(s, axis=1, keepdims=True))  # [bq, 128]
         p = jnp.exp(s - _lanes(m_next, bk))
@@ -112,9 +131,8 @@ def _forward_kernel(
         acc_ref[...] = acc_ref[...] * alpha[:, :d] + pv
 
     # A key tile wholly before the query tile needs no causal mask.
-    before = k_first + bk - 1 <= q_first
-    pl.when(before)(lambda: step(False))
-    pl.when(jnp.logical_and(j <= last, jnp.logical_not(before)))(lambda: step(True))
+    on_diagonal = k_first + bk - 1 > q_first
+    _dispatch(step, j <= last, on_diagonal, _one_segment(q_seg_ref[...], kv_seg_ref[...]))
 
     @pl.when(j == last)
     def _finish():
@@ -199,15 +217,19 @@ def _backward_kernel(
         dk_acc[...] = jnp.zeros_like(dk_acc)
         dv_acc[...] = jnp.zeros_like(dv_acc)
 
-    def step(on_diagonal: bool):
+    def step(on_diagonal: bool, segments: bool):
         q, k, v, do = q_ref[...], k_ref[...], v_ref[...], do_ref[...]
         s = _dot(k, q, (1, 1))  # [bk, bq]: keys in sublanes, queries in lanes
-        seen = _lanes(kv_seg_ref[...], bq) == q_seg_ref[...]
+        seen = None
+        if segments:
+            seen = _lanes(kv_seg_ref[...], bq) == q_seg_ref[...]
         if on_diagonal:
             keys = k_first + jax.lax.broadcasted_iota(jnp.int32, (bk, bq), 0)
             queries = q_first + jax.lax.broadcasted_iota(jnp.int32, (bk, bq), 1)
-            seen &= keys <= queries
-        p = jnp.exp(jnp.where(seen, s, _MASKED) - lse_ref[...])  # [bk, bq]
+            seen = keys <= queries if seen is None else seen & (keys <= queries)
+        if seen is not None:
+            s = jnp.where(seen, s, _MASKED)
+        p = jnp.exp(s - lse_ref[...])  # [bk, bq]
         dv_acc[...] += _dot(p.astype(do.dtype), do, (1, 0))
         dp = _dot(v, do, (1, 1))  # [bk, bq]
         ds = (p * (dp - di_ref[...])).astype(q.dtype)
@@ -215,9 +237,8 @@ def _backward_kernel(
         dq_ref[...] = _dot(ds, k, (0, 0))  # [bq, D]
 
     # A query tile wholly after the key tile needs no causal mask.
-    after = q_first >= k_first + bk - 1
-    pl.when(after)(lambda: step(False))
-    pl.when(jnp.logical_and(i >= first, jnp.logical_not(after)))(lambda: step(True))
+    on_diagonal = q_first < k_first + bk - 1
+    _dispatch(step, i >= first, on_diagonal, _one_segment(q_seg_ref[...], kv_seg_ref[...]))
 
     @pl.when(jnp.logical_and(head == pl.num_programs(3) - 1, i == pl.num_programs(4) - 1))
     def _finish():
