@@ -166,6 +166,7 @@ def test_flash_attention_matches_cpu_attention(layout, dtype):
     assert np.all(np.asarray(got[0])[np.asarray(seg) == 0] == 0)
 
 
+@pytest.mark.slow
 def test_flash_attention_leaves_the_tree_mask_to_splash():
     """Branch ids (and windows) need splash's dynamic mask: `flash=True` gives the same values
     as splash there."""
@@ -614,7 +615,7 @@ def test_reward_model_kernels_agree(layout, matmul_dtype):
         branch[:, 60:80], branch[:, 80:110] = 1, 2
         kwargs["branch_ids"] = jnp.asarray(branch)
 
-    def run(kernels: str):
+    def run(kernels):
         model = RewardModel(
             _tiny_config(), matmul_dtype=matmul_dtype, kernels=kernels, rngs=nnx.Rngs(0)
         )
@@ -628,7 +629,8 @@ def test_reward_model_kernels_agree(layout, matmul_dtype):
         return [logits, *jax.tree.leaves(grads)]
 
     want = run("cpu")
-    for kernels in ("pallas", "xla"):
+    flash = dataclasses.replace(select_kernels("pallas", "cpu"), flash=True)
+    for kernels in ("pallas", "xla", flash):
         got = run(kernels)
         for a, b in zip(got, want, strict=True):
             a, b = np.asarray(a), np.asarray(b)
