@@ -165,42 +165,29 @@ def select_kernels(setting: str = "auto", backend: str | None = None) -> Kernels
     # Only here, when a model is traced: asking for the backend starts it, which
     # `import rewardax` must not do (rewardax.hostmem applies only before the first computation).
     backend = backend or jax.default_backend()
-    precision = None if backend == "cpu" else "highest"
-    sums = backend != "tpu"
-    by_reference = backend == "tpu"
-    indexed = backend == "tpu"
+    tpu = backend == "tpu"
+    # What follows the backend whatever the setting (`Kernels`' attributes say why).
+    by_backend = dict(
+        float32_precision=None if backend == "cpu" else "highest",
+        float32_sums=not tpu,
+        accumulate_by_reference=tpu,
+        indexed_layers=tpu,
+    )
     if setting == "auto":
         setting = {"cpu": "cpu", "tpu": "pallas"}.get(backend, "xla")
     if setting == "cpu":
         return Kernels(
-            "cpu",
-            written_projection_backward=True,
-            attention="cpu_blocked",
-            float32_precision=precision,
-            float32_sums=sums,
-            accumulate_by_reference=by_reference,
-            indexed_layers=indexed,
+            "cpu", written_projection_backward=True, attention="cpu_blocked", **by_backend
         )
     if setting == "xla":
-        return Kernels(
-            "xla",
-            written_projection_backward=False,
-            attention="xla",
-            float32_precision=precision,
-            float32_sums=sums,
-            accumulate_by_reference=by_reference,
-            indexed_layers=indexed,
-        )
+        return Kernels("xla", written_projection_backward=False, attention="xla", **by_backend)
     return Kernels(
         "pallas",
         written_projection_backward=False,
         attention="splash",
-        interpret=backend != "tpu",
+        interpret=not tpu,
         rope_matmul=True,
-        float32_precision=precision,
-        float32_sums=sums,
-        accumulate_by_reference=by_reference,
-        indexed_layers=indexed,
+        **by_backend,
     )
 
 
