@@ -136,9 +136,9 @@ FLASH_TILES = dict(block_q=128, block_kv=256, bwd_block_q=256, bwd_block_kv=128)
 @pytest.mark.parametrize(
     "layout, dtype",
     [
-        ("full", jnp.float32),
-        ("right_padded", jnp.float32),
-        ("left_padded", jnp.float32),
+        pytest.param("full", jnp.float32, marks=pytest.mark.slow),
+        pytest.param("right_padded", jnp.float32, marks=pytest.mark.slow),
+        pytest.param("left_padded", jnp.float32, marks=pytest.mark.slow),
         ("packed", jnp.float32),
         ("packed", jnp.bfloat16),
     ],
@@ -604,6 +604,19 @@ def test_reward_model_kernels_agree(layout, matmul_dtype):
     """The whole model under `pallas` (interpret mode) and `xla` against `cpu`: rewards and
     every parameter's gradient. bf16 matmuls: the projections' backward differs only in rounding
     (the written one and autodiff round the same products), so the same 2e-2 bound."""
+    _assert_model_kernels_agree(layout, matmul_dtype, ("pallas", "xla"))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("layout", ["padded", "packed", "branches"])
+@pytest.mark.parametrize("matmul_dtype", [None, "bfloat16"])
+def test_reward_model_with_flash_attention_agrees(layout, matmul_dtype):
+    """As above, `pallas` with rewardax's flash kernel (`Kernels.flash`)."""
+    flash = dataclasses.replace(select_kernels("pallas", "cpu"), flash=True)
+    _assert_model_kernels_agree(layout, matmul_dtype, (flash,))
+
+
+def _assert_model_kernels_agree(layout, matmul_dtype, settings) -> None:
     t = 130  # not a multiple of the tile
     ids = jax.random.randint(jax.random.key(1), (2, t), 3, 128)
     seg = jnp.asarray(_segments("packed", t))
@@ -629,8 +642,7 @@ def test_reward_model_kernels_agree(layout, matmul_dtype):
         return [logits, *jax.tree.leaves(grads)]
 
     want = run("cpu")
-    flash = dataclasses.replace(select_kernels("pallas", "cpu"), flash=True)
-    for kernels in ("pallas", "xla", flash):
+    for kernels in settings:
         got = run(kernels)
         for a, b in zip(got, want, strict=True):
             a, b = np.asarray(a), np.asarray(b)
