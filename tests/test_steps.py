@@ -124,7 +124,15 @@ def parameter_update(arrays, state) -> list[np.ndarray]:
     ]
 
 
-@pytest.mark.parametrize("name", ACCUMULATED)
+# In the slow suite (the default one is near its ~15 minutes): the other bf16-parameter case and
+# the other LoRA case cover their paths there.
+SLOW_ACCUMULATED = ("bf16 parameters", "LoRA, bf16 compute")
+
+
+@pytest.mark.parametrize(
+    "name",
+    [pytest.param(n, marks=pytest.mark.slow) if n in SLOW_ACCUMULATED else n for n in ACCUMULATED],
+)
 def test_accumulation_by_reference_equals_by_value(name, monkeypatch):
     """`Kernels.accumulate_by_reference` (a TPU's): the gradients of float32 parameters are added
     into the running sums by each microbatch's backward pass (`steps._add_gradient_into`); by value (the
