@@ -23,6 +23,11 @@ gradient accumulation the backward pass adds into the step's running sums by ref
 (`Kernels.accumulate_by_reference`: less memory there, more on XLA:CPU), and the layer loop runs
 over the layer indices (`Kernels.indexed_layers`: Qwen2.5-0.5B steps 5-9% shorter on a v5e).
 
+`Kernels.flash` (off by default) runs causal attention within segments through rewardax's own
+Pallas kernel (`flash_attention`) instead of splash, the tree mask and windows still through
+splash: written for head_dim 64 and grouped queries, it is to be timed against splash on a chip
+(`benchmarks/tpu_bench.py --set attention`, `--set flash`) before it becomes a default.
+
 `auto` (the default) is `cpu` on the CPU backend, `pallas` on a TPU and `xla` elsewhere (GPUs).
 The splash kernel covers every layout: causal attention within segments (padding, packed rows,
 GQA) with a static mask, the shared-prompt branch mask and Mistral's sliding window with a mask
