@@ -139,7 +139,7 @@ FLASH_TILES = dict(block_q=128, block_kv=256, bwd_block_q=256, bwd_block_kv=128)
         pytest.param("full", jnp.float32, marks=pytest.mark.slow),
         pytest.param("right_padded", jnp.float32, marks=pytest.mark.slow),
         pytest.param("left_padded", jnp.float32, marks=pytest.mark.slow),
-        ("packed", jnp.float32),
+        pytest.param("packed", jnp.float32, marks=pytest.mark.slow),
         ("packed", jnp.bfloat16),
     ],
 )
