@@ -23,10 +23,10 @@ gradient accumulation the backward pass adds into the step's running sums by ref
 (`Kernels.accumulate_by_reference`: less memory there, more on XLA:CPU), and the layer loop runs
 over the layer indices (`Kernels.indexed_layers`: Qwen2.5-0.5B steps 5-9% shorter on a v5e).
 
-`Kernels.flash` (off by default) runs causal attention within segments through rewardax's own
-Pallas kernel (`flash_attention`) instead of splash, the tree mask and windows still through
-splash: written for head_dim 64 and grouped queries, it is to be timed against splash on a chip
-(`benchmarks/tpu_bench.py --set attention`, `--set flash`) before it becomes a default.
+`Kernels.flash` (off) runs causal attention within segments through rewardax's own Pallas kernel
+(`flash_attention`) instead of splash, the tree mask and windows still through splash. On a v5e
+it was slower than splash (Qwen2.5-0.5B heads, 16 x 2048: 11.65 ms at its best tiles against
+10.93; benchmarks/README.md, 2026-12-07 sixth session), so nothing selects it.
 
 `auto` (the default) is `cpu` on the CPU backend, `pallas` on a TPU and `xla` elsewhere (GPUs).
 The splash kernel covers every layout: causal attention within segments (padding, packed rows,
@@ -126,7 +126,8 @@ class Kernels:
         rewardax's own Pallas kernel (`flash_attention`: bf16 products of the probabilities,
         the backward summing a key/value head's gradients over its query group in VMEM) with
         the tiles above (block_kv_compute and fused_backward are splash's only); the branch
-        mask and sliding windows run splash whatever this says.
+        mask and sliding windows run splash whatever this says. Off: slower than splash on a
+        v5e (its forward 3.93 ms against 3.21, its backward 6.09 against 5.25 at 16 x 2048).
     """
 
     name: str
