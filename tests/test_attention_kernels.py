@@ -397,16 +397,21 @@ def test_select_kernels_by_backend_and_override():
         RewardModel(_tiny_config(), kernels="flash", rngs=nnx.Rngs(0))
 
 
+def _sub_jaxprs(eqn):
+    """The jaxprs an equation holds (scan's body, custom_vjp's, a Pallas kernel's)."""
+    for value in eqn.params.values():
+        for sub in value if isinstance(value, tuple | list) else (value,):
+            inner = getattr(sub, "jaxpr", sub)
+            if hasattr(inner, "eqns"):
+                yield inner
+
+
 def _equations(jaxpr):
-    """Every equation of a jaxpr and of its sub-jaxprs (scan, custom_vjp, the Pallas kernels'
-    bodies)."""
+    """Every equation of a jaxpr and of its sub-jaxprs."""
     for eqn in jaxpr.eqns:
         yield eqn
-        for value in eqn.params.values():
-            for sub in value if isinstance(value, tuple | list) else (value,):
-                inner = getattr(sub, "jaxpr", sub)
-                if hasattr(inner, "eqns"):
-                    yield from _equations(inner)
+        for inner in _sub_jaxprs(eqn):
+            yield from _equations(inner)
 
 
 def _dot_precisions(jaxpr) -> list:
@@ -472,11 +477,8 @@ def _count_live_primitives(jaxpr, name: str) -> int:
                 used.update(v for v in eqn.invars if not hasattr(v, "val"))
         for eqn in reversed(kept):
             yield eqn
-            for value in eqn.params.values():
-                for sub in value if isinstance(value, tuple | list) else (value,):
-                    inner = getattr(sub, "jaxpr", sub)
-                    if hasattr(inner, "eqns"):
-                        yield from live(inner)
+            for inner in _sub_jaxprs(eqn):
+                yield from live(inner)
 
     return sum(e.primitive.name == name for e in live(jaxpr))
 
