@@ -45,10 +45,10 @@ _MASKED = -0.7 * float(jnp.finfo(jnp.float32).max)
 class FlashTiles(NamedTuple):
     """Tiles (multiples of 128 dividing T): forward queries x keys, backward queries x keys."""
 
-    block_q: int = 1024
-    block_kv: int = 512
-    bwd_block_q: int = 512
-    bwd_block_kv: int = 512
+    block_q: int
+    block_kv: int
+    bwd_block_q: int
+    bwd_block_kv: int
 
 
 def _dot(a, b, contract: tuple[int, int]):
