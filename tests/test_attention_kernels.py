@@ -693,3 +693,50 @@ def test_splash_attention_compiled_on_tpu(fused_backward, flash):
         cot,
     )
     _assert_close(got, want, jnp.bfloat16)
+
+
+V5E_COMPILE = """
+import jax, jax.numpy as jnp
+from rewardax.models.pallas_attention import splash_attention
+from rewardax.plan import topology_devices
+device = topology_devices("v5e:1x1")[0]
+sharding = jax.sharding.NamedSharding(jax.sharding.Mesh([device], ("x",)), jax.sharding.PartitionSpec())
+def loss(q, k, v, seg):
+    out = splash_attention(q, k, v, seg, 0.125, block_q=512, block_kv=512, bwd_block_q=512,
+                           bwd_block_kv=1024, flash=True)
+    return out.astype(jnp.float32).sum()
+aval = lambda shape, dtype: jax.ShapeDtypeStruct(shape, dtype, sharding=sharding)
+args = [aval((2, 2000, 14, 64), jnp.bfloat16), aval((2, 2000, 2, 64), jnp.bfloat16),
+        aval((2, 2000, 2, 64), jnp.bfloat16), aval((2, 2000), jnp.int32)]
+compiled = jax.jit(jax.grad(loss, argnums=(0, 1, 2))).lower(*args).compile()
+print("custom calls", compiled.as_text().count("tpu_custom_call"))
+"""
+
+
+@pytest.mark.slow
+def test_flash_attention_compiles_for_a_v5e():
+    """Interpret mode does not check what Mosaic lowers: rewardax's flash kernels (forward and
+    backward, Qwen2.5-0.5B's heads, a row padded to the tiles) compiled for a v5e by libtpu on
+    this CPU (libtpu from `make test`, in .venv/libtpu)."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    libtpu = Path(__file__).resolve().parent.parent / ".venv" / "libtpu"
+    libtpu = Path(os.environ.get("REWARDAX_LIBTPU_DIR", libtpu))
+    if not (libtpu / "libtpu").is_dir():
+        pytest.fail(f"libtpu is not in {libtpu}: `make test` installs it (requirements-tpu.lock)")
+    env = {
+        **os.environ,
+        "JAX_PLATFORMS": "cpu",
+        "PYTHONPATH": str(libtpu),
+        "TPU_SKIP_MDS_QUERY": "1",
+    }
+    proc = subprocess.run(
+        [sys.executable, "-c", V5E_COMPILE], capture_output=True, text=True, env=env, timeout=600
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    # The forward kernel, and the backward's (the forward again under the gradient: its
+    # residuals are the outputs of the one forward, so one forward call, one backward call).
+    assert "custom calls 2" in proc.stdout, proc.stdout

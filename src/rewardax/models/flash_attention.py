@@ -1,28 +1,35 @@
 """rewardax's own Pallas TPU flash attention: causal, within segments, grouped queries.
 
-Not selected by default: on a TPU v5e it ran slower than splash (Qwen2.5-0.5B heads, bf16,
-16 x 2048: forward 3.93 ms against 3.21, backward 6.09 against 5.25; benchmarks/README.md,
-2026-12-07 sixth session). It is kept, tested, as the base for kernel work on attention's speed.
+Not selected by default (`Kernels.flash`). Its first design (a grid over key tiles) ran slower
+than splash on a TPU v5e (16 x 2048 of Qwen2.5-0.5B heads: forward 3.93 ms against 3.21,
+backward 6.09 against 5.25; benchmarks/README.md, 2026-12-07 sixth session). Compiled for a
+v5e on the CPU (`benchmarks/kernel_bundles.py`), the steps of both kernels and of splash are at
+the matrix units' bound, which heads of 64 halve: the time lost is outside the steps (tile
+pairs half masked on the diagonal, the grid's steps, the tiles' DMAs). This design cuts those:
 
-Written for the shapes reward models train on: heads of 64 or 128, a few key/value heads shared
-by groups of query heads, rows of 512-4096 tokens. Against JAX's splash kernel (which serves every
-mask: `pallas_attention`) it differs where those shapes spend their time:
-- the forward pass multiplies the probabilities by v in the inputs' dtype (bf16) with float32
-  accumulation; splash's forward casts v to float32 for that product;
-- the backward pass is one kernel per key/value head: its grid runs over the group's query heads
-  and the query tiles innermost, so dk and dv of a key tile are summed over the whole group in
-  VMEM and k, v are read once per tile; dq is written per key tile (float32) and summed after;
-- tiles that the causal mask rules out are neither computed nor read: the tile index maps clamp
-  to the last (first) tile a row needs, so the pipeline fetches nothing new for them.
+- the forward keeps each row's keys and values in VMEM (fetched once per key/value head, as
+  the query heads of a group follow one another in the grid) and loops, inside the kernel, over
+  the key chunks a query tile needs: no grid step and no DMA per tile pair;
+- the backward keeps the group's queries, output gradients and row statistics for the whole row
+  in VMEM, with dq summed there in float32 across the key tiles; a key tile loops over the
+  group's heads and the query chunks that see it, summing dk and dv in VMEM;
+- with 512 x 512 steps the diagonal wastes a quarter of the work, against half with splash's
+  1024 x 1024 tiles;
+- masks only where needed: the causal mask on the diagonal's chunks, the segment mask where a
+  step's two tiles hold more than one segment id (a table computed before the kernel and read
+  as scalars), the forward's p·v in the inputs' dtype (splash's forward casts v to float32).
+
+VMEM bounds the row length: the backward holds about 8 x G x T x 128 bytes twice (G query
+heads per key/value head), ~60 MiB for 7 heads at 4096 tokens.
 
 Layouts, heads-major: q [N, H, T, D] (already scaled), k and v [N, K, T, D], H a multiple of K
 (query head h reads key/value head h // (H / K)), segment ids [N, T] (a query sees the keys at
 or before it with its own id). T must be a multiple of every tile; `pallas_attention` pads.
 
-Inside a tile the scores of a forward step are [block_q, block_kv] (keys in lanes), those of a
-backward step [block_kv, block_q] (queries in lanes), so each pass reduces over the axis that is
-cheap for it and every product is a plain or a once-transposed one. Row statistics (running max,
-sum, log-sum-exp) are kept 128 lanes wide in VMEM, as the vector unit holds them.
+Inside a step the scores of the forward are [queries, keys] (keys in lanes), those of the
+backward [keys, queries] (queries in lanes), so each pass reduces over the axis that is cheap
+for it and every product is a plain or a once-transposed one. Row statistics (running max,
+sum) are kept 128 lanes wide in VMEM, as the vector unit holds them.
 """
 
 from __future__ import annotations
@@ -43,7 +50,9 @@ _MASKED = -0.7 * float(jnp.finfo(jnp.float32).max)
 
 
 class FlashTiles(NamedTuple):
-    """Tiles (multiples of 128 dividing T): forward queries x keys, backward queries x keys."""
+    """Tiles (multiples of 128 dividing T): the forward's query tile (a grid step) and key chunk
+    (a step of its loop), the backward's query chunk (a step of its loop) and key tile (a grid
+    step)."""
 
     block_q: int
     block_kv: int
@@ -69,31 +78,27 @@ def _lanes(x: jax.Array, width: int) -> jax.Array:
     return x if width == _LANES else jnp.tile(x, (1, width // _LANES))
 
 
-def _one_segment(a: jax.Array, b: jax.Array) -> jax.Array:
-    """Whether every segment id in the two tiles' ids is the same one (then the segment mask
-    rules nothing out and is not computed)."""
-    return jnp.logical_and(jnp.max(a) == jnp.min(b), jnp.min(a) == jnp.max(b))
-
-
-def _dispatch(step, needed, on_diagonal, one_segment) -> None:
-    """``step(on_diagonal, segments)`` for a needed tile pair: the causal mask only on tiles the
-    diagonal crosses, the segment mask only where the tiles hold more than one segment."""
-    for diagonal in (False, True):
-        for segments in (False, True):
-            cond = jnp.logical_and(needed, on_diagonal if diagonal else ~on_diagonal)
-            cond = jnp.logical_and(cond, ~one_segment if segments else one_segment)
-            pl.when(cond)(functools.partial(step, diagonal, segments))
-
-
 # ----------------------------------------------------------------------------- forward
 
 
+def _mixed_tiles(seg: jax.Array, rows: int, cols: int) -> jax.Array:
+    """int32 [N, T / rows, T / cols]: 1 where a tile of ``rows`` queries and one of ``cols``
+    keys hold more than one segment id between them (the segment mask is needed), else 0."""
+    n, t = seg.shape
+    q_tiles, k_tiles = seg.reshape(n, t // rows, rows), seg.reshape(n, t // cols, cols)
+    q_min, q_max = q_tiles.min(-1)[:, :, None], q_tiles.max(-1)[:, :, None]
+    k_min, k_max = k_tiles.min(-1)[:, None, :], k_tiles.max(-1)[:, None, :]
+    one = (q_min == q_max) & (k_min == k_max) & (q_min == k_min)
+    return (~one).astype(jnp.int32)
+
+
 def _forward_kernel(
+    mixed_ref,  # SMEM int32 [N, T / bq, T / bc]: `_mixed_tiles`
     q_seg_ref,  # [bq, 128] int32: the queries' segment ids, repeated over the lanes
-    kv_seg_ref,  # [1, bk] int32
+    kv_seg_ref,  # [1, T] int32: the row's segment ids
     q_ref,  # [bq, D]
-    k_ref,  # [bk, D]
-    v_ref,  # [bk, D]
+    k_ref,  # [T, D]: the whole row's keys of this query head's key/value head
+    v_ref,  # [T, D]
     o_ref,  # [bq, D]
     lse_ref,  # [1, bq] float32
     m_ref,  # scratch [bq, 128] float32: running max
@@ -101,93 +106,110 @@ def _forward_kernel(
     acc_ref,  # scratch [bq, D] float32
     *,
     bq: int,
-    bk: int,
+    bc: int,
+    ablate: frozenset[str] = frozenset(),
 ):
-    i, j = pl.program_id(2), pl.program_id(3)
-    q_first, k_first = i * bq, j * bk
-    last = jnp.minimum(pl.num_programs(3) - 1, _div(q_first + bq - 1, bk))
+    n_, i = pl.program_id(0), pl.program_id(2)
+    q_first = i * bq
+    m_ref[...] = jnp.full_like(m_ref, _MASKED)
+    l_ref[...] = jnp.zeros_like(l_ref)
+    acc_ref[...] = jnp.zeros_like(acc_ref)
+    d = acc_ref.shape[-1]
 
-    @pl.when(j == 0)
-    def _init():
-        m_ref[...] = jnp.full_like(m_ref, _MASKED)
-        l_ref[...] = jnp.zeros_like(l_ref)
-        acc_ref[...] = jnp.zeros_like(acc_ref)
+    def chunk(c, on_diagonal: bool):
+        first = pl.multiple_of(c * bc, bc)
 
-    def step(on_diagonal: bool, segments: bool):
-        s = _dot(q_ref[...], k_ref[...], (1, 1))  # [bq, bk]
-        seen = None
-        if segments:
-            seen = _lanes(q_seg_ref[...], bk) == kv_seg_ref[...]
-        if on_diagonal:
-            rows = q_first + jax.lax.broadcasted_iota(jnp.int32, (bq, bk), 0)
-            cols = k_first + jax.lax.broadcasted_iota(jnp.int32, (bq, bk), 1)
-            seen = cols <= rows if seen is None else seen & (cols <= rows)
-        if seen is not None:
-            s = jnp.where(seen, s, _MASKED)
-        m_prev = m_ref[...]
-        m_next = jnp.maximum(m_prev, jnp.max(s, axis=1, keepdims=True))  # [bq, 128]
-        p = jnp.exp(s - _lanes(m_next, bk))
-        alpha = jnp.exp(m_prev - m_next)
-        l_ref[...] = alpha * l_ref[...] + jnp.sum(p, axis=1, keepdims=True)
-        m_ref[...] = m_next
-        d = acc_ref.shape[-1]
-        pv = _dot(p.astype(v_ref.dtype), v_ref[...], (1, 0))  # [bq, D]
-        acc_ref[...] = acc_ref[...] * alpha[:, :d] + pv
+        def step(segments: bool):
+            k = k_ref[pl.ds(first, bc), :]
+            s = _dot(q_ref[...], k, (1, 1))  # [bq, bc]
+            masked = "no_mask" not in ablate
+            seen = None
+            if segments and masked:
+                seen = _lanes(q_seg_ref[...], bc) == kv_seg_ref[:, pl.ds(first, bc)]
+            if on_diagonal and masked:
+                rows = q_first + jax.lax.broadcasted_iota(jnp.int32, (bq, bc), 0)
+                cols = first + jax.lax.broadcasted_iota(jnp.int32, (bq, bc), 1)
+                seen = cols <= rows if seen is None else seen & (cols <= rows)
+            if seen is not None:
+                s = jnp.where(seen, s, _MASKED)
+            m_prev = m_ref[...]
+            m_next = jnp.maximum(m_prev, jnp.max(s, axis=1, keepdims=True))  # [bq, 128]
+            if "no_exp" in ablate:
+                p, alpha = s - _lanes(m_next, bc), m_prev - m_next
+            else:
+                p = jnp.exp(s - _lanes(m_next, bc))
+                alpha = jnp.exp(m_prev - m_next)
+            l_ref[...] = alpha * l_ref[...] + jnp.sum(p, axis=1, keepdims=True)
+            m_ref[...] = m_next
+            if "no_pv" in ablate:
+                acc_ref[...] = acc_ref[...] * alpha[:, :d]
+                return
+            pv = _dot(p.astype(v_ref.dtype), v_ref[pl.ds(first, bc), :], (1, 0))  # [bq, D]
+            acc_ref[...] = acc_ref[...] * alpha[:, :d] + pv
 
-    # A key tile wholly before the query tile needs no causal mask.
-    on_diagonal = k_first + bk - 1 > q_first
-    _dispatch(step, j <= last, on_diagonal, _one_segment(q_seg_ref[...], kv_seg_ref[...]))
+        mixed = mixed_ref[n_, i, c]
+        pl.when(mixed == 0)(functools.partial(step, False))
+        pl.when(mixed != 0)(functools.partial(step, True))
 
-    @pl.when(j == last)
-    def _finish():
-        d = acc_ref.shape[-1]
-        total = l_ref[...]
-        o_ref[...] = (acc_ref[...] / total[:, :d]).astype(o_ref.dtype)
-        lse = m_ref[...] + jnp.log(total)  # [bq, 128], every lane the same
-        lse_ref[...] = lse.T[:1, :]
+    # Key chunks wholly at or before the tile's first query need no causal mask; the chunks
+    # after them, up to the tile's last query, do.
+    before = _div(q_first + 1, bc)
+    through = _div(q_first + bq + bc - 1, bc)
+    jax.lax.fori_loop(0, before, lambda c, _: chunk(c, False), None)
+    jax.lax.fori_loop(before, through, lambda c, _: chunk(c, True), None)
+    total = l_ref[...]
+    o_ref[...] = (acc_ref[...] / total[:, :d]).astype(o_ref.dtype)
+    lse = m_ref[...] + jnp.log(total)  # [bq, 128], every lane the same
+    lse_ref[...] = lse.T[:1, :]
 
 
-def _forward(q, k, v, seg, tiles: FlashTiles, interpret: bool):
+def _forward(q, k, v, seg, tiles: FlashTiles, interpret: bool, ablate=frozenset()):
+    """o [N, H, T, D] and the log-sum-exp [N, H, 1, T] (float32). Each row's keys and values
+    stay in VMEM: the grid runs over (row, query head, query tile of ``tiles.block_q``) and a
+    query tile loops over the key chunks (``tiles.block_kv``) it needs inside the kernel.
+    ``ablate`` (benchmarks/attention_ablation.py; the result is then not attention): "no_mask",
+    "no_exp", "no_pv" leave that part out."""
+    bq, bc = tiles.block_q, tiles.block_kv
     n, h, t, d = q.shape
     groups = h // k.shape[1]
-    bq, bk = tiles.block_q, tiles.block_kv
     if d > _LANES:
         raise ValueError(f"flash attention takes heads of up to {_LANES}, not {d}")
-
-    def kv_tile(n_, h_, i, j):  # the last key tile query tile i needs, for those after it
-        return n_, _div(h_, groups), jnp.minimum(j, _div(i * bq + bq - 1, bk)), 0
-
+    mixed = _mixed_tiles(seg, bq, bc)
     q_seg = jnp.broadcast_to(seg[:, :, None], (n, t, _LANES))
     kv_seg = seg[:, None, :]
-    kernel = functools.partial(_forward_kernel, bq=bq, bk=bk)
-    o, lse = pl.pallas_call(
-        kernel,
-        grid=(n, h, t // bq, t // bk),
+    kernel = functools.partial(_forward_kernel, bq=bq, bc=bc, ablate=ablate)
+    grid_spec = pltpu.PrefetchScalarGridSpec(
+        num_scalar_prefetch=1,
+        grid=(n, h, t // bq),
         in_specs=[
-            pl.BlockSpec((None, bq, _LANES), lambda n_, h_, i, j: (n_, i, 0)),
-            pl.BlockSpec((None, 1, bk), lambda n_, h_, i, j: (n_, 0, kv_tile(n_, h_, i, j)[2])),
-            pl.BlockSpec((None, None, bq, d), lambda n_, h_, i, j: (n_, h_, i, 0)),
-            pl.BlockSpec((None, None, bk, d), kv_tile),
-            pl.BlockSpec((None, None, bk, d), kv_tile),
+            pl.BlockSpec((None, bq, _LANES), lambda n_, h_, i, m: (n_, i, 0)),
+            pl.BlockSpec((None, 1, t), lambda n_, h_, i, m: (n_, 0, 0)),
+            pl.BlockSpec((None, None, bq, d), lambda n_, h_, i, m: (n_, h_, i, 0)),
+            pl.BlockSpec((None, None, t, d), lambda n_, h_, i, m: (n_, _div(h_, groups), 0, 0)),
+            pl.BlockSpec((None, None, t, d), lambda n_, h_, i, m: (n_, _div(h_, groups), 0, 0)),
         ],
         out_specs=[
-            pl.BlockSpec((None, None, bq, d), lambda n_, h_, i, j: (n_, h_, i, 0)),
-            pl.BlockSpec((None, None, 1, bq), lambda n_, h_, i, j: (n_, h_, 0, i)),
-        ],
-        out_shape=[
-            jax.ShapeDtypeStruct(q.shape, q.dtype),
-            jax.ShapeDtypeStruct((n, h, 1, t), jnp.float32),
+            pl.BlockSpec((None, None, bq, d), lambda n_, h_, i, m: (n_, h_, i, 0)),
+            pl.BlockSpec((None, None, 1, bq), lambda n_, h_, i, m: (n_, h_, 0, i)),
         ],
         scratch_shapes=[
             pltpu.VMEM((bq, _LANES), jnp.float32),
             pltpu.VMEM((bq, _LANES), jnp.float32),
             pltpu.VMEM((bq, d), jnp.float32),
         ],
+    )
+    o, lse = pl.pallas_call(
+        kernel,
+        grid_spec=grid_spec,
+        out_shape=[
+            jax.ShapeDtypeStruct(q.shape, q.dtype),
+            jax.ShapeDtypeStruct((n, h, 1, t), jnp.float32),
+        ],
         compiler_params=pltpu.CompilerParams(
-            dimension_semantics=("parallel", "parallel", "parallel", "arbitrary")
+            dimension_semantics=("parallel", "parallel", "parallel")
         ),
         interpret=interpret,
-    )(q_seg, kv_seg, q, k, v)
+    )(mixed, q_seg, kv_seg, q, k, v)
     return o, lse
 
 
@@ -195,15 +217,16 @@ def _forward(q, k, v, seg, tiles: FlashTiles, interpret: bool):
 
 
 def _backward_kernel(
-    q_seg_ref,  # [1, bq] int32
+    mixed_ref,  # SMEM int32 [N, T / bq, T / bk]: `_mixed_tiles`
+    q_seg_ref,  # [1, T] int32: the row's segment ids
     kv_seg_ref,  # [bk, 128] int32: the keys' segment ids, repeated over the lanes
-    q_ref,  # [bq, D]
+    q_ref,  # [G, T, D]: the group's queries, the whole row
     k_ref,  # [bk, D]
     v_ref,  # [bk, D]
-    do_ref,  # [bq, D]
-    lse_ref,  # [1, bq] float32
-    di_ref,  # [1, bq] float32: rowsum(o * do)
-    dq_ref,  # [bq, D] float32: this key tile's part of dq
+    do_ref,  # [G, T, D]
+    lse_ref,  # [G, 1, T] float32
+    di_ref,  # [G, 1, T] float32: rowsum(o * do)
+    dq_ref,  # [G, T, D] float32: summed over the key tiles (resident across them)
     dk_ref,  # [bk, D]
     dv_ref,  # [bk, D]
     dk_acc,  # scratch [bk, D] float32
@@ -211,98 +234,113 @@ def _backward_kernel(
     *,
     bq: int,
     bk: int,
+    ablate: frozenset[str] = frozenset(),
 ):
-    j, head, i = pl.program_id(2), pl.program_id(3), pl.program_id(4)
-    q_first, k_first = i * bq, j * bk
-    first = _div(k_first, bq)  # the first query tile that sees a key of this tile
+    n_, j = pl.program_id(0), pl.program_id(2)
+    k_first = j * bk
+    groups, t = q_ref.shape[0], q_ref.shape[1]
 
-    @pl.when(jnp.logical_and(head == 0, i == 0))
-    def _init():
-        dk_acc[...] = jnp.zeros_like(dk_acc)
-        dv_acc[...] = jnp.zeros_like(dv_acc)
+    @pl.when(j == 0)
+    def _init_dq():
+        dq_ref[...] = jnp.zeros_like(dq_ref)
 
-    def step(on_diagonal: bool, segments: bool):
-        q, k, v, do = q_ref[...], k_ref[...], v_ref[...], do_ref[...]
-        s = _dot(k, q, (1, 1))  # [bk, bq]: keys in sublanes, queries in lanes
-        seen = None
-        if segments:
-            seen = _lanes(kv_seg_ref[...], bq) == q_seg_ref[...]
-        if on_diagonal:
-            keys = k_first + jax.lax.broadcasted_iota(jnp.int32, (bk, bq), 0)
-            queries = q_first + jax.lax.broadcasted_iota(jnp.int32, (bk, bq), 1)
-            seen = keys <= queries if seen is None else seen & (keys <= queries)
-        if seen is not None:
-            s = jnp.where(seen, s, _MASKED)
-        p = jnp.exp(s - lse_ref[...])  # [bk, bq]
-        dv_acc[...] += _dot(p.astype(do.dtype), do, (1, 0))
-        dp = _dot(v, do, (1, 1))  # [bk, bq]
-        ds = (p * (dp - di_ref[...])).astype(q.dtype)
-        dk_acc[...] += _dot(ds, q, (1, 0))
-        dq_ref[...] = _dot(ds, k, (0, 0))  # [bq, D]
+    dk_acc[...] = jnp.zeros_like(dk_acc)
+    dv_acc[...] = jnp.zeros_like(dv_acc)
 
-    # A query tile wholly after the key tile needs no causal mask.
-    on_diagonal = q_first < k_first + bk - 1
-    _dispatch(step, i >= first, on_diagonal, _one_segment(q_seg_ref[...], kv_seg_ref[...]))
+    def chunk(head, c, on_diagonal: bool):
+        first = pl.multiple_of(c * bq, bq)
+        rows = pl.ds(first, bq)
 
-    @pl.when(jnp.logical_and(head == pl.num_programs(3) - 1, i == pl.num_programs(4) - 1))
-    def _finish():
-        dk_ref[...] = dk_acc[...].astype(dk_ref.dtype)
-        dv_ref[...] = dv_acc[...].astype(dv_ref.dtype)
+        def step(segments: bool):
+            q, k, v, do = q_ref[head, rows, :], k_ref[...], v_ref[...], do_ref[head, rows, :]
+            s = _dot(k, q, (1, 1))  # [bk, bq]: keys in sublanes, queries in lanes
+            masked = "no_mask" not in ablate
+            seen = None
+            if segments and masked:
+                seen = _lanes(kv_seg_ref[...], bq) == q_seg_ref[:, rows]
+            if on_diagonal and masked:
+                keys = k_first + jax.lax.broadcasted_iota(jnp.int32, (bk, bq), 0)
+                queries = first + jax.lax.broadcasted_iota(jnp.int32, (bk, bq), 1)
+                seen = keys <= queries if seen is None else seen & (keys <= queries)
+            if seen is not None:
+                s = jnp.where(seen, s, _MASKED)
+            lse = lse_ref[head, :, rows]  # [1, bq]
+            p = s - lse if "no_exp" in ablate else jnp.exp(s - lse)  # [bk, bq]
+            dv_acc[...] += _dot(p.astype(do.dtype), do, (1, 0))
+            dp = _dot(v, do, (1, 1))  # [bk, bq]
+            ds = (p * (dp - di_ref[head, :, rows])).astype(q.dtype)
+            dk_acc[...] += _dot(ds, q, (1, 0))
+            if "no_dq" not in ablate:
+                dq_ref[head, rows, :] += _dot(ds, k, (0, 0))  # [bq, D]
+
+        mixed = mixed_ref[n_, c, j]
+        pl.when(mixed == 0)(functools.partial(step, False))
+        pl.when(mixed != 0)(functools.partial(step, True))
+
+    # The query chunks that see a key of this tile start at the one holding its first key;
+    # those whose first query is before the tile's last key need the causal mask.
+    start = _div(k_first, bq)
+    after = jnp.minimum(_div(k_first + bk - 2, bq) + 1, t // bq)
+
+    def head_loop(head, _):
+        jax.lax.fori_loop(start, after, lambda c, _: chunk(head, c, True), None)
+        jax.lax.fori_loop(after, t // bq, lambda c, _: chunk(head, c, False), None)
+
+    jax.lax.fori_loop(0, groups, head_loop, None)
+    dk_ref[...] = dk_acc[...].astype(dk_ref.dtype)
+    dv_ref[...] = dv_acc[...].astype(dv_ref.dtype)
 
 
-def _backward(q, k, v, seg, o, lse, do, tiles: FlashTiles, interpret: bool):
+def _backward(q, k, v, seg, o, lse, do, tiles: FlashTiles, interpret: bool, ablate=frozenset()):
+    """dq, dk, dv. The grid runs over (row, key/value head, key tile of
+    ``tiles.bwd_block_kv``); the group's queries, output gradients and row statistics for the
+    whole row stay in VMEM, and each key tile loops over the group's query heads and the query
+    chunks (``tiles.bwd_block_q``) that see it: dk and dv are summed in VMEM, dq in a float32
+    block that stays in VMEM across the key tiles. ``ablate``
+    (benchmarks/attention_ablation.py): "no_mask", "no_exp", "no_dq"."""
     n, h, t, d = q.shape
     kv_heads = k.shape[1]
     groups = h // kv_heads
     bq, bk = tiles.bwd_block_q, tiles.bwd_block_kv
-    nq, nk = t // bq, t // bk
-
-    def q_tile(j, i):  # query tiles before the first that sees key tile j: that first one
-        return jnp.maximum(i, _div(j * bk, bq))
-
-    def q_spec(n_, g, j, head, i):
-        return n_, g * groups + head, q_tile(j, i), 0
-
-    def row_spec(n_, g, j, head, i):
-        return n_, g * groups + head, 0, q_tile(j, i)
-
-    def kv_spec(n_, g, j, head, i):
-        return n_, g, j, 0
-
     di = jnp.sum(o.astype(jnp.float32) * do.astype(jnp.float32), axis=-1)[:, :, None, :]
-    kernel = functools.partial(_backward_kernel, bq=bq, bk=bk)
-    dq_parts, dk, dv = pl.pallas_call(
-        kernel,
-        grid=(n, kv_heads, nk, groups, nq),
+    kernel = functools.partial(_backward_kernel, bq=bq, bk=bk, ablate=ablate)
+    group = lambda n_, g, j, m: (n_, g, 0, 0)  # noqa: E731
+    key_tile = lambda n_, g, j, m: (n_, g, j, 0)  # noqa: E731
+    grid_spec = pltpu.PrefetchScalarGridSpec(
+        num_scalar_prefetch=1,
+        grid=(n, kv_heads, t // bk),
         in_specs=[
-            pl.BlockSpec((None, 1, bq), lambda n_, g, j, head, i: (n_, 0, q_tile(j, i))),
-            pl.BlockSpec((None, bk, _LANES), lambda n_, g, j, head, i: (n_, j, 0)),
-            pl.BlockSpec((None, None, bq, d), q_spec),
-            pl.BlockSpec((None, None, bk, d), kv_spec),
-            pl.BlockSpec((None, None, bk, d), kv_spec),
-            pl.BlockSpec((None, None, bq, d), q_spec),
-            pl.BlockSpec((None, None, 1, bq), row_spec),
-            pl.BlockSpec((None, None, 1, bq), row_spec),
+            pl.BlockSpec((None, 1, t), lambda n_, g, j, m: (n_, 0, 0)),
+            pl.BlockSpec((None, bk, _LANES), lambda n_, g, j, m: (n_, j, 0)),
+            pl.BlockSpec((None, groups, t, d), group),
+            pl.BlockSpec((None, None, bk, d), key_tile),
+            pl.BlockSpec((None, None, bk, d), key_tile),
+            pl.BlockSpec((None, groups, t, d), group),
+            pl.BlockSpec((None, groups, 1, t), group),
+            pl.BlockSpec((None, groups, 1, t), group),
         ],
         out_specs=[
-            pl.BlockSpec(
-                (None, None, None, bq, d),
-                lambda n_, g, j, head, i: (j, *q_spec(n_, g, j, head, i)),
-            ),
-            pl.BlockSpec((None, None, bk, d), kv_spec),
-            pl.BlockSpec((None, None, bk, d), kv_spec),
+            pl.BlockSpec((None, groups, t, d), group),
+            pl.BlockSpec((None, None, bk, d), key_tile),
+            pl.BlockSpec((None, None, bk, d), key_tile),
         ],
+        scratch_shapes=[pltpu.VMEM((bk, d), jnp.float32), pltpu.VMEM((bk, d), jnp.float32)],
+    )
+    dq, dk, dv = pl.pallas_call(
+        kernel,
+        grid_spec=grid_spec,
         out_shape=[
-            jax.ShapeDtypeStruct((nk, n, h, t, d), jnp.float32),
+            jax.ShapeDtypeStruct(q.shape, jnp.float32),
             jax.ShapeDtypeStruct(k.shape, k.dtype),
             jax.ShapeDtypeStruct(v.shape, v.dtype),
         ],
-        scratch_shapes=[pltpu.VMEM((bk, d), jnp.float32), pltpu.VMEM((bk, d), jnp.float32)],
         compiler_params=pltpu.CompilerParams(
-            dimension_semantics=("parallel", "parallel", "parallel", "arbitrary", "arbitrary")
+            dimension_semantics=("parallel", "parallel", "arbitrary"),
+            vmem_limit_bytes=_vmem_bytes(groups, t, d, bq, bk),
         ),
         interpret=interpret,
     )(
+        _mixed_tiles(seg, bq, bk),
         seg[:, None, :],
         jnp.broadcast_to(seg[:, :, None], (n, t, _LANES)),
         q,
@@ -312,11 +350,16 @@ def _backward(q, k, v, seg, o, lse, do, tiles: FlashTiles, interpret: bool):
         lse,
         di,
     )
-    # Key tile j wrote dq parts for query tiles from (j * bk) // bq on; the others are unwritten.
-    written = jnp.arange(nq)[None, :] >= (jnp.arange(nk)[:, None] * bk) // bq
-    parts = dq_parts.reshape(nk, n, h, nq, bq, d)
-    dq = jnp.where(written[:, None, None, :, None, None], parts, 0.0).sum(axis=0)
-    return dq.reshape(n, h, t, d).astype(q.dtype), dk, dv
+    return dq.astype(q.dtype), dk, dv
+
+
+def _vmem_bytes(groups: int, t: int, d: int, bq: int, bk: int) -> int:
+    """The backward's VMEM, double-buffered, rows padded to 128 lanes and statistics to 8
+    sublanes, plus room for a step's [bk, bq] float32 intermediates."""
+    lanes = max(d, _LANES)
+    resident = groups * t * lanes * (2 + 2 + 4) + 2 * groups * 8 * t * 4  # q, do, dq, lse, di
+    tiles = bk * lanes * (2 + 2 + 2 + 2 + 4 + 4) + 8 * t * 4 + bk * _LANES * 4
+    return 2 * (resident + tiles) + 8 * bk * bq * 4 + (4 << 20)
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(4, 5))

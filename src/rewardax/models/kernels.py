@@ -24,9 +24,11 @@ gradient accumulation the backward pass adds into the step's running sums by ref
 over the layer indices (`Kernels.indexed_layers`: Qwen2.5-0.5B steps 5-9% shorter on a v5e).
 
 `Kernels.flash` (off) runs causal attention within segments through rewardax's own Pallas kernel
-(`flash_attention`) instead of splash, the tree mask and windows still through splash. On a v5e
-it was slower than splash (Qwen2.5-0.5B heads, 16 x 2048: 11.65 ms at its best tiles against
-10.93; benchmarks/README.md, 2026-12-07 sixth session), so nothing selects it.
+(`flash_attention`) instead of splash, the tree mask and windows still through splash. Its first
+design was slower than splash on a v5e (Qwen2.5-0.5B heads, 16 x 2048: 11.65 ms at its best
+tiles against 10.93; benchmarks/README.md, 2026-12-07 sixth session); the second (keys, values
+and the backward's queries resident in VMEM, loops over tiles inside the kernel) is not yet
+timed on a chip, so nothing selects it.
 
 `auto` (the default) is `cpu` on the CPU backend, `pallas` on a TPU and `xla` elsewhere (GPUs).
 The splash kernel covers every layout: causal attention within segments (padding, packed rows,
@@ -123,11 +125,12 @@ class Kernels:
         SmolLM2-135M +0.2 points; Qwen2.5-1.5B (bf16 parameters, no accumulation) 63.7%
         against 63.3%. On a TPU only: not measured elsewhere.
       flash: with `splash`, causal attention within segments (padded and packed rows) runs
-        rewardax's own Pallas kernel (`flash_attention`: bf16 products of the probabilities,
-        the backward summing a key/value head's gradients over its query group in VMEM) with
-        the tiles above (block_kv_compute and fused_backward are splash's only); the branch
-        mask and sliding windows run splash whatever this says. Off: slower than splash on a
-        v5e (its forward 3.93 ms against 3.21, its backward 6.09 against 5.25 at 16 x 2048).
+        rewardax's own Pallas kernel (`flash_attention`: the rows' keys and values resident in
+        VMEM, loops over tiles inside the kernel) with the tiles above: block_q x block_kv
+        the forward's query tile x key chunk, bwd_block_q x bwd_block_kv the backward's query
+        chunk x key tile (block_kv_compute and fused_backward are splash's only); the branch
+        mask and sliding windows run splash whatever this says. Off: not yet timed on a chip
+        (its first design was slower than splash on a v5e).
     """
 
     name: str
