@@ -212,29 +212,7 @@ def main(argv: list[str] | None = None) -> None:
         return jax.jit(lambda q, k, v, s: fa._forward(q, k, v, s, ft, interpret, frozenset(ablate)))
 
     fwd_tiles = [(128, 128)] if args.tiny else FLASH_FORWARD_TILES
-    for tiles in fwd_tiles:
-        jobs.append(
-            (
-                "flash forward",
-                f"{tiles[0]}x{tiles[1]}",
-                "fwd",
-                lambda tl=tiles: flash_forward(tl),
-                (q, k, v, seg),
-            )
-        )
-    for ablate in FORWARD_ABLATIONS:
-        operands = (q, k, v, seg)
-        name = f"{fwd_tiles[0][0]}x{fwd_tiles[0][1]} " + "+".join(ablate)
-        jobs.append(
-            (
-                "flash forward",
-                name,
-                "fwd",
-                lambda a=ablate: flash_forward(fwd_tiles[0], a),
-                operands,
-            )
-        )
-
+    bwd_tiles = [(128, 128)] if args.tiny else FLASH_BACKWARD_TILES
     base = fa.FlashTiles(*fwd_tiles[0], *fwd_tiles[0])
     o, lse = jax.jit(lambda q, k, v, s: fa._forward(q, k, v, s, base, interpret))(q, k, v, seg)
 
@@ -246,29 +224,23 @@ def main(argv: list[str] | None = None) -> None:
             )
         )
 
-    bwd_tiles = [(128, 128)] if args.tiny else FLASH_BACKWARD_TILES
-    residuals = (q, k, v, seg, o, lse, do)
-    for tiles in bwd_tiles:
-        jobs.append(
-            (
-                "flash backward",
-                f"{tiles[0]}x{tiles[1]}",
-                "bwd",
-                lambda tl=tiles: flash_backward(tl),
-                residuals,
-            )
-        )
-    for ablate in BACKWARD_ABLATIONS:
-        name = f"{bwd_tiles[0][0]}x{bwd_tiles[0][1]} " + "+".join(ablate)
-        jobs.append(
-            (
-                "flash backward",
-                name,
-                "bwd",
-                lambda a=ablate: flash_backward(bwd_tiles[0], a),
-                residuals,
-            )
-        )
+    # Each kernel alone at its tilings, then its ablations at the first tiling.
+    for group, part, make, tilings, ablations, operands in (
+        ("flash forward", "fwd", flash_forward, fwd_tiles, FORWARD_ABLATIONS, (q, k, v, seg)),
+        (
+            "flash backward",
+            "bwd",
+            flash_backward,
+            bwd_tiles,
+            BACKWARD_ABLATIONS,
+            (q, k, v, seg, o, lse, do),
+        ),
+    ):
+        variants = [(tiles, ()) for tiles in tilings] + [(tilings[0], a) for a in ablations]
+        for tiles, ablate in variants:
+            name = f"{tiles[0]}x{tiles[1]}" + (" " + "+".join(ablate) if ablate else "")
+            run = lambda make=make, tiles=tiles, ablate=ablate: make(tiles, ablate)  # noqa: E731
+            jobs.append((group, name, part, run, operands))
 
     rows = []
     for group, name, part, make, operands in jobs:
