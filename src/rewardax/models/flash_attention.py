@@ -206,7 +206,8 @@ def _forward(q, k, v, seg, tiles: FlashTiles, interpret: bool, ablate=frozenset(
             jax.ShapeDtypeStruct((n, h, 1, t), jnp.float32),
         ],
         compiler_params=pltpu.CompilerParams(
-            dimension_semantics=("parallel", "parallel", "parallel")
+            dimension_semantics=("parallel", "parallel", "parallel"),
+            vmem_limit_bytes=_forward_vmem_bytes(t, d, bq, bc),
         ),
         interpret=interpret,
     )(mixed, q_seg, kv_seg, q, k, v)
@@ -226,9 +227,10 @@ def _backward_kernel(
     do_ref,  # [G, T, D]
     lse_ref,  # [G, 1, T] float32
     di_ref,  # [G, 1, T] float32: rowsum(o * do)
-    dq_ref,  # [G, T, D] float32: summed over the key tiles (resident across them)
+    dq_ref,  # [G, T, D]: written at the last key tile
     dk_ref,  # [bk, D]
     dv_ref,  # [bk, D]
+    dq_acc,  # scratch [G, T, D] float32: dq summed over the key tiles
     dk_acc,  # scratch [bk, D] float32
     dv_acc,  # scratch [bk, D] float32
     *,
@@ -242,7 +244,7 @@ def _backward_kernel(
 
     @pl.when(j == 0)
     def _init_dq():
-        dq_ref[...] = jnp.zeros_like(dq_ref)
+        dq_acc[...] = jnp.zeros_like(dq_acc)
 
     dk_acc[...] = jnp.zeros_like(dk_acc)
     dv_acc[...] = jnp.zeros_like(dv_acc)
@@ -271,7 +273,7 @@ def _backward_kernel(
             ds = (p * (dp - di_ref[head, :, rows])).astype(q.dtype)
             dk_acc[...] += _dot(ds, q, (1, 0))
             if "no_dq" not in ablate:
-                dq_ref[head, rows, :] += _dot(ds, k, (0, 0))  # [bq, D]
+                dq_acc[head, rows, :] += _dot(ds, k, (0, 0))  # [bq, D]
 
         mixed = mixed_ref[n_, c, j]
         pl.when(mixed == 0)(functools.partial(step, False))
@@ -290,13 +292,17 @@ def _backward_kernel(
     dk_ref[...] = dk_acc[...].astype(dk_ref.dtype)
     dv_ref[...] = dv_acc[...].astype(dv_ref.dtype)
 
+    @pl.when(j == pl.num_programs(2) - 1)
+    def _write_dq():
+        dq_ref[...] = dq_acc[...].astype(dq_ref.dtype)
+
 
 def _backward(q, k, v, seg, o, lse, do, tiles: FlashTiles, interpret: bool, ablate=frozenset()):
     """dq, dk, dv. The grid runs over (row, key/value head, key tile of
     ``tiles.bwd_block_kv``); the group's queries, output gradients and row statistics for the
     whole row stay in VMEM, and each key tile loops over the group's query heads and the query
-    chunks (``tiles.bwd_block_q``) that see it: dk and dv are summed in VMEM, dq in a float32
-    block that stays in VMEM across the key tiles. ``ablate``
+    chunks (``tiles.bwd_block_q``) that see it: dk and dv are summed in VMEM, dq in float32 in
+    VMEM across the key tiles, written once in q's dtype. ``ablate``
     (benchmarks/attention_ablation.py): "no_mask", "no_exp", "no_dq"."""
     n, h, t, d = q.shape
     kv_heads = k.shape[1]
@@ -324,19 +330,23 @@ def _backward(q, k, v, seg, o, lse, do, tiles: FlashTiles, interpret: bool, abla
             pl.BlockSpec((None, None, bk, d), key_tile),
             pl.BlockSpec((None, None, bk, d), key_tile),
         ],
-        scratch_shapes=[pltpu.VMEM((bk, d), jnp.float32), pltpu.VMEM((bk, d), jnp.float32)],
+        scratch_shapes=[
+            pltpu.VMEM((groups, t, d), jnp.float32),
+            pltpu.VMEM((bk, d), jnp.float32),
+            pltpu.VMEM((bk, d), jnp.float32),
+        ],
     )
     dq, dk, dv = pl.pallas_call(
         kernel,
         grid_spec=grid_spec,
         out_shape=[
-            jax.ShapeDtypeStruct(q.shape, jnp.float32),
+            jax.ShapeDtypeStruct(q.shape, q.dtype),
             jax.ShapeDtypeStruct(k.shape, k.dtype),
             jax.ShapeDtypeStruct(v.shape, v.dtype),
         ],
         compiler_params=pltpu.CompilerParams(
             dimension_semantics=("parallel", "parallel", "arbitrary"),
-            vmem_limit_bytes=_vmem_bytes(groups, t, d, bq, bk),
+            vmem_limit_bytes=_backward_vmem_bytes(groups, t, d, bq, bk),
         ),
         interpret=interpret,
     )(
@@ -350,16 +360,32 @@ def _backward(q, k, v, seg, o, lse, do, tiles: FlashTiles, interpret: bool, abla
         lse,
         di,
     )
-    return dq.astype(q.dtype), dk, dv
+    return dq, dk, dv
 
 
-def _vmem_bytes(groups: int, t: int, d: int, bq: int, bk: int) -> int:
-    """The backward's VMEM, double-buffered, rows padded to 128 lanes and statistics to 8
-    sublanes, plus room for a step's [bk, bq] float32 intermediates."""
+# VMEM, from the blocks (two buffers each), the scratch and room for a step's intermediates;
+# rows are laid out 128 lanes wide, [1, T] rows 8 sublanes high.
+def _forward_vmem_bytes(t: int, d: int, bq: int, bc: int) -> int:
     lanes = max(d, _LANES)
-    resident = groups * t * lanes * (2 + 2 + 4) + 2 * groups * 8 * t * 4  # q, do, dq, lse, di
-    tiles = bk * lanes * (2 + 2 + 2 + 2 + 4 + 4) + 8 * t * 4 + bk * _LANES * 4
-    return 2 * (resident + tiles) + 8 * bk * bq * 4 + (4 << 20)
+    blocks = 2 * t * lanes * 2 + 8 * t * 4 + bq * _LANES * 4 + 2 * bq * lanes * 2 + 8 * bq * 4
+    scratch = 2 * bq * _LANES * 4 + bq * lanes * 4
+    return 2 * blocks + scratch + 8 * bq * bc * 4 + (4 << 20)
+
+
+def _backward_vmem_bytes(groups: int, t: int, d: int, bq: int, bk: int) -> int:
+    lanes = max(d, _LANES)
+    rows = groups * t * lanes * 2  # one [G, T, D] block of bf16
+    blocks = 3 * rows + 2 * groups * 8 * t * 4 + 8 * t * 4 + bk * _LANES * 4 + 4 * bk * lanes * 2
+    scratch = 2 * rows + 2 * bk * lanes * 4
+    return 2 * blocks + scratch + 8 * bk * bq * 4 + (4 << 20)
+
+
+def vmem_bytes(heads: int, kv_heads: int, t: int, d: int, tiles: FlashTiles) -> int:
+    """The VMEM the larger of the two kernels asks for (rows of ``t`` tokens)."""
+    return max(
+        _forward_vmem_bytes(t, d, tiles.block_q, tiles.block_kv),
+        _backward_vmem_bytes(heads // kv_heads, t, d, tiles.bwd_block_q, tiles.bwd_block_kv),
+    )
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(4, 5))

@@ -29,11 +29,12 @@ import math
 
 import jax
 import jax.numpy as jnp
+from jax.experimental.pallas import tpu as pltpu
 from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_kernel as splash
 from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_mask as splash_mask
 from jax.sharding import PartitionSpec
 
-from rewardax.models.flash_attention import FlashTiles, flash_attention_heads_major
+from rewardax.models.flash_attention import FlashTiles, flash_attention_heads_major, vmem_bytes
 from rewardax.models.kernels import ATTENTION_RESIDUALS, SPLASH_BLOCK, traced_under
 from rewardax.sharding import LOGICAL_AXIS_RULES
 
@@ -182,8 +183,10 @@ def splash_attention(
       dense_residuals: what remat keeps of the kernel in 128-wide rows (`Kernels`).
       flash: causal attention within segments runs rewardax's own kernel
         (`flash_attention`, tiles block_q x block_kv forward, bwd_block_q x bwd_block_kv
-        backward; block_kv_compute and fused_backward are splash's); the branch mask and
-        sliding windows still run splash.
+        backward; block_kv_compute and fused_backward are splash's); the branch mask, sliding
+        windows and, on a TPU, rows too long for its VMEM (`flash_attention.vmem_bytes`: a
+        v5e's 128 MiB hold rows of ~7,500 tokens with 7 query heads per key/value head) still run
+        splash.
 
     Returns:
       [N, T, H, D] in q's dtype. float32 inputs run float32 products (the kernel's forward and
@@ -205,6 +208,10 @@ def splash_attention(
     )
     # The same tiles, fitted to the row as splash's are.
     flash_tiles = FlashTiles(sizes.block_q, sizes.block_kv, sizes.block_q_dkv, sizes.block_kv_dkv)
+    if flash and not interpret and jax.default_backend() == "tpu":
+        # Rows too long for the kernel's VMEM (it holds whole rows) run splash.
+        need = vmem_bytes(h, k.shape[2], t_pad, q.shape[-1], flash_tiles)
+        flash = need <= pltpu.get_tpu_info().vmem_capacity_bytes
     # Scaled in float32 then rounded once; exact for head widths of 4**i (1/8 for 64).
     q = (q.astype(jnp.float32) * scale).astype(q.dtype)
     if sliding_window is not None and sliding_window >= t:
