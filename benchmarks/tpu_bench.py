@@ -345,7 +345,7 @@ INDEXED_JOBS = [
 # `--set flash`: rewardax's own attention kernel (`Kernels.flash`) against splash in the model,
 # at `auto`'s settings (as `--set indexed`) and at 1.5B's (bf16 parameters, 2 pairs, remat
 # full: 63.7% with splash). Not run yet: alone, flash was slower (2026-12-07 sixth session).
-FLASH = dict(flash=True, block_q=1024, block_kv=512, bwd_block_q=512, bwd_block_kv=512)
+FLASH = dict(flash=True, block_q=512, block_kv=512, bwd_block_q=512, bwd_block_kv=512)
 FLASH_JOBS = [
     Job(shape, t, "pallas", (pairs,), remat="save_attention_mlp", microbatches=mb, tiles=tiles)
     for shape, t, pairs, mb in AUTO_CHOICES
@@ -368,13 +368,7 @@ ATTENTION_SHAPES = [(16, 2048), (2, 2048), (64, 512)]
 # rewardax's own kernel (`flash_attention`) in `--set attention`: (block_q, block_kv,
 # bwd_block_q, bwd_block_kv); all at the first shape, the first at the others.
 FLASH_FIELDS = ("block_q", "block_kv", "bwd_block_q", "bwd_block_kv")
-FLASH_TILES = [
-    (1024, 512, 512, 512),
-    (512, 512, 512, 512),
-    (1024, 1024, 512, 1024),
-    (2048, 512, 1024, 512),
-    (1024, 512, 512, 1024),
-]
+FLASH_TILES = [(512, 512, 512, 512), (1024, 512, 512, 512)]
 # Splash tiles tried in the attention benchmark: (block_q, block_kv, fused backward).
 SPLASH_TILES = [(512, 512, False), (1024, 1024, False), (512, 512, True)]
 # `--set tune`: (block_q, block_kv, block_kv_compute, bwd_block_q, bwd_block_kv), fused backward.

@@ -200,6 +200,7 @@ def _forward(q, k, v, seg, tiles: FlashTiles, interpret: bool, ablate=frozenset(
     )
     o, lse = pl.pallas_call(
         kernel,
+        name="flash_forward",
         grid_spec=grid_spec,
         out_shape=[
             jax.ShapeDtypeStruct(q.shape, q.dtype),
@@ -338,6 +339,7 @@ def _backward(q, k, v, seg, o, lse, do, tiles: FlashTiles, interpret: bool, abla
     )
     dq, dk, dv = pl.pallas_call(
         kernel,
+        name="flash_backward",
         grid_spec=grid_spec,
         out_shape=[
             jax.ShapeDtypeStruct(q.shape, q.dtype),
