@@ -209,7 +209,9 @@ def main(argv: list[str] | None = None) -> None:
 
     def flash_forward(tiles, ablate=()):
         ft = fa.FlashTiles(*tiles, *tiles)
-        return jax.jit(lambda q, k, v, s: fa._forward(q, k, v, s, ft, interpret, frozenset(ablate)))
+        return jax.jit(
+            lambda q, k, v, s: fa._forward(q, k, v, s, ft, interpret, ablate=frozenset(ablate))
+        )
 
     fwd_tiles = [(128, 128)] if args.tiny else FLASH_FORWARD_TILES
     bwd_tiles = [(128, 128)] if args.tiny else FLASH_BACKWARD_TILES
@@ -220,7 +222,7 @@ def main(argv: list[str] | None = None) -> None:
         ft = fa.FlashTiles(*tiles, *tiles)
         return jax.jit(
             lambda q, k, v, s, o, lse, do: fa._backward(
-                q, k, v, s, o, lse, do, ft, interpret, frozenset(ablate)
+                q, k, v, s, o, lse, do, ft, interpret, ablate=frozenset(ablate)
             )
         )
 

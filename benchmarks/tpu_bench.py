@@ -342,17 +342,17 @@ INDEXED_JOBS = [
     for shape, t, pairs, mb in AUTO_CHOICES
     for tiles in (SCANNED, None)
 ]
-# `--set flash`: rewardax's own attention kernel (`Kernels.flash`) against splash in the model,
-# at `auto`'s settings (as `--set indexed`) and at 1.5B's (bf16 parameters, 2 pairs, remat
-# full: 63.7% with splash). Not run yet: alone, flash was slower (2026-12-07 sixth session).
-FLASH = dict(flash=True, block_q=512, block_kv=512, bwd_block_q=512, bwd_block_kv=512)
+# `--set flash`: rewardax's own attention kernels (`Kernels.flash`, the TPU's default since
+# 2026-12-07 seventh session) against splash in the model, at `auto`'s settings (as `--set
+# indexed`) and at 1.5B's (bf16 parameters, 2 pairs, remat full: 63.7% with splash).
+SPLASH = dict(flash=None)
 FLASH_JOBS = [
     Job(shape, t, "pallas", (pairs,), remat="save_attention_mlp", microbatches=mb, tiles=tiles)
     for shape, t, pairs, mb in AUTO_CHOICES
-    for tiles in (None, FLASH)
+    for tiles in (SPLASH, None)
 ] + [
     Job("qwen2.5-1.5b", 2048, "pallas", (2,), param_dtype="bfloat16", remat="full", tiles=tiles)
-    for tiles in (None, FLASH)
+    for tiles in (SPLASH, None)
 ]
 TINY_JOBS = [
     Job("qwen2.5-0.5b", 256, "pallas", (4, 2)),
@@ -365,9 +365,8 @@ TINY_JOBS = [
 # Qwen2.5-0.5B's default step (where the kernels ran at ~27%: 188 ms for 192 calls, 2026-12-07
 # fifth session), and at 64 x 512; the per-op times say where the difference goes.
 ATTENTION_SHAPES = [(16, 2048), (2, 2048), (64, 512)]
-# rewardax's own kernel (`flash_attention`) in `--set attention`: (block_q, block_kv,
-# bwd_block_q, bwd_block_kv); all at the first shape, the first at the others.
-FLASH_FIELDS = ("block_q", "block_kv", "bwd_block_q", "bwd_block_kv")
+# rewardax's own kernels (`flash_attention`) in `--set attention`: `Kernels.flash` tiles; all
+# at the first shape, the first at the others.
 FLASH_TILES = [(512, 512, 512, 512), (1024, 512, 512, 512)]
 # Splash tiles tried in the attention benchmark: (block_q, block_kv, fused backward).
 SPLASH_TILES = [(512, 512, False), (1024, 1024, False), (512, 512, True)]
@@ -407,8 +406,8 @@ def tile_name(k: Any) -> str:
     bq, bkv = get("block_q"), get("block_kv")
     bkvc = get("block_kv_compute") or bkv
     bbq, bbkv = get("bwd_block_q") or bq, get("bwd_block_kv") or bkv
-    if isinstance(k, Kernels) and k.flash:  # rewardax's kernel
-        return f"flash fwd {bq}x{bkv} bwd {bbq}x{bbkv}"
+    if isinstance(k, Kernels) and k.flash:  # rewardax's kernels
+        return "flash fwd {}x{} bwd {}x{}".format(*k.flash)
     fused = " fused" if get("fused_backward") else ""
     return f"splash fwd {bq}x{bkv}/{bkvc} bwd {bbq}x{bbkv}{fused}"
 
@@ -557,14 +556,7 @@ def attention_bench(rows: int, t: int, args, rec: Recorder) -> dict | None:
         for bq, bk, bbq, bbk in [(128, 128, 128, 128)] if args.tiny else sweep:
             impls[f"flash fwd {bq}x{bk} bwd {bbq}x{bbk}"] = (
                 lambda q, k, v, s, tiles=(bq, bk, bbq, bbk): splash_attention(
-                    q,
-                    k,
-                    v,
-                    s,
-                    scale,
-                    interpret=interpret,
-                    flash=True,
-                    **dict(zip(FLASH_FIELDS, tiles, strict=True)),
+                    q, k, v, s, scale, interpret=interpret, flash=tiles
                 ),
                 seg,
             )

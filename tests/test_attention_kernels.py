@@ -28,6 +28,9 @@ from rewardax.models.kernels import (
     traced_under,
     xla_attention,
 )
+from rewardax.models.kernels import (
+    FLASH_TILES as KERNEL_FLASH_TILES,
+)
 from rewardax.models.pallas_attention import splash_attention
 from rewardax.models.transformer import attend, attention_mask
 
@@ -130,7 +133,9 @@ def test_splash_attention_matches_cpu_attention_float32(layout, t):
 # rewardax's own kernel: several query and key tiles a row, forward and backward tiles of
 # different shapes (the causal skip and the clamped tile fetches in both directions); 384
 # tokens are padded to 512 inside.
-FLASH_TILES = dict(block_q=128, block_kv=256, bwd_block_q=256, bwd_block_kv=128)
+# rewardax's flash kernels' tiles here: forward query tile and key chunk, backward query chunk
+# and key tile (unequal, so that a tile mix-up shows).
+FLASH_TILES = (128, 256, 256, 128)
 
 
 @pytest.mark.parametrize(
@@ -149,9 +154,7 @@ def test_flash_attention_matches_cpu_attention(layout, dtype):
     seg = jnp.asarray(_segments(layout, t))
     scale = 1.0 / np.sqrt(D)
     got = _value_and_grads(
-        lambda q, k, v: splash_attention(
-            q, k, v, seg, scale, interpret=True, flash=True, **FLASH_TILES
-        ),
+        lambda q, k, v: splash_attention(q, k, v, seg, scale, interpret=True, flash=FLASH_TILES),
         q,
         k,
         v,
@@ -168,8 +171,8 @@ def test_flash_attention_matches_cpu_attention(layout, dtype):
 
 @pytest.mark.slow
 def test_flash_attention_leaves_the_tree_mask_to_splash():
-    """Branch ids (and windows) need splash's dynamic mask: `flash=True` gives the same values
-    as splash there."""
+    """Branch ids (and windows) need splash's dynamic mask: with flash's tiles the same values as
+    splash there."""
     t = 256
     q, k, v, cot = _inputs(t, jnp.float32, seed=5)
     segment, branch, _ = _tree_ids(t)
@@ -194,7 +197,7 @@ def test_flash_attention_leaves_the_tree_mask_to_splash():
             v,
             cot,
         )
-        for flash in (False, True)
+        for flash in (None, FLASH_TILES)
     ]
     for a, b in zip(*results, strict=True):
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
@@ -386,6 +389,8 @@ def test_select_kernels_by_backend_and_override():
         False,
     )
     assert (gpu.attention, gpu.written_projection_backward) == ("xla", False)
+    # rewardax's flash kernels in splash's place on a TPU only (interpret mode elsewhere)
+    assert (tpu.flash, select_kernels("pallas", "cpu").flash) == (KERNEL_FLASH_TILES, None)
     # XLA:TPU sums bf16 reductions in float32 by itself (`Kernels.float32_sums`)
     assert (cpu.float32_sums, tpu.float32_sums, gpu.float32_sums) == (True, False, True)
     assert select_kernels("pallas", "cpu").float32_sums
@@ -484,7 +489,7 @@ def _count_live_primitives(jaxpr, name: str) -> int:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("flash", [False, True])
+@pytest.mark.parametrize("flash", [None, FLASH_TILES], ids=["splash", "flash"])
 def test_save_attention_remat_runs_no_second_attention_forward(flash):
     """remat "save_attention" keeps the splash kernel's (or rewardax's flash kernel's) output and
     residuals: the gradient's program has one forward kernel per layer where "full" has two
@@ -614,7 +619,7 @@ def test_reward_model_kernels_agree(layout, matmul_dtype):
 @pytest.mark.parametrize("matmul_dtype", [None, "bfloat16"])
 def test_reward_model_with_flash_attention_agrees(layout, matmul_dtype):
     """As above, `pallas` with rewardax's flash kernel (`Kernels.flash`)."""
-    flash = dataclasses.replace(select_kernels("pallas", "cpu"), flash=True)
+    flash = dataclasses.replace(select_kernels("pallas", "cpu"), flash=FLASH_TILES)
     _assert_model_kernels_agree(layout, matmul_dtype, (flash,))
 
 
@@ -679,7 +684,7 @@ def test_splash_attention_compiled_on_tpu(fused_backward, flash):
                     block_q=512,
                     block_kv=512,
                     fused_backward=fused_backward,
-                    flash=flash,
+                    flash=(512, 512, 512, 512) if flash else None,
                 )
             ),
             q,
@@ -702,8 +707,7 @@ from rewardax.plan import topology_devices
 device = topology_devices("v5e:1x1")[0]
 sharding = jax.sharding.NamedSharding(jax.sharding.Mesh([device], ("x",)), jax.sharding.PartitionSpec())
 def loss(q, k, v, seg):
-    out = splash_attention(q, k, v, seg, 0.125, block_q=512, block_kv=512, bwd_block_q=512,
-                           bwd_block_kv=1024, flash=True)
+    out = splash_attention(q, k, v, seg, 0.125, flash=(512, 512, 512, 1024))
     return out.astype(jnp.float32).sum()
 aval = lambda shape, dtype: jax.ShapeDtypeStruct(shape, dtype, sharding=sharding)
 args = [aval((2, 2000, 14, 64), jnp.bfloat16), aval((2, 2000, 2, 64), jnp.bfloat16),

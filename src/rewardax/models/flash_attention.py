@@ -68,6 +68,13 @@ def _dot(a, b, contract: tuple[int, int]):
     return jax.lax.dot_general(a, b, dims, precision=precision, preferred_element_type=jnp.float32)
 
 
+def _scaled(q: jax.Array, scale: float) -> jax.Array:
+    """q x scale, in float32 then rounded once to q's dtype (exact for 1/8, heads of 64)."""
+    if scale == 1.0:
+        return q
+    return (q.astype(jnp.float32) * scale).astype(q.dtype)
+
+
 def _div(a, b: int):
     """a // b for the non-negative indices of a kernel (its lowering has no signed floor)."""
     return jax.lax.div(a, b)
@@ -104,13 +111,16 @@ def _forward_kernel(
     m_ref,  # scratch [bq, 128] float32: running max
     l_ref,  # scratch [bq, 128] float32: running sum
     acc_ref,  # scratch [bq, D] float32
+    q_scaled_ref,  # scratch [bq, D]: q x scale
     *,
     bq: int,
     bc: int,
+    scale: float,
     ablate: frozenset[str] = frozenset(),
 ):
     n_, i = pl.program_id(0), pl.program_id(2)
     q_first = i * bq
+    q_scaled_ref[...] = _scaled(q_ref[...], scale)
     m_ref[...] = jnp.full_like(m_ref, _MASKED)
     l_ref[...] = jnp.zeros_like(l_ref)
     acc_ref[...] = jnp.zeros_like(acc_ref)
@@ -121,7 +131,7 @@ def _forward_kernel(
 
         def step(segments: bool):
             k = k_ref[pl.ds(first, bc), :]
-            s = _dot(q_ref[...], k, (1, 1))  # [bq, bc]
+            s = _dot(q_scaled_ref[...], k, (1, 1))  # [bq, bc]
             masked = "no_mask" not in ablate
             seen = None
             if segments and masked:
@@ -163,8 +173,8 @@ def _forward_kernel(
     lse_ref[...] = lse.T[:1, :]
 
 
-def _forward(q, k, v, seg, tiles: FlashTiles, interpret: bool, ablate=frozenset()):
-    """o [N, H, T, D] and the log-sum-exp [N, H, 1, T] (float32). Each row's keys and values
+def _forward(q, k, v, seg, tiles: FlashTiles, interpret: bool, scale=1.0, ablate=frozenset()):
+    """o [N, H, T, D] and the log-sum-exp [N, H, 1, T] (float32) of softmax(scale q kᵀ) v. Each row's keys and values
     stay in VMEM: the grid runs over (row, query head, query tile of ``tiles.block_q``) and a
     query tile loops over the key chunks (``tiles.block_kv``) it needs inside the kernel.
     ``ablate`` (benchmarks/attention_ablation.py; the result is then not attention): "no_mask",
@@ -177,7 +187,7 @@ def _forward(q, k, v, seg, tiles: FlashTiles, interpret: bool, ablate=frozenset(
     mixed = _mixed_tiles(seg, bq, bc)
     q_seg = jnp.broadcast_to(seg[:, :, None], (n, t, _LANES))
     kv_seg = seg[:, None, :]
-    kernel = functools.partial(_forward_kernel, bq=bq, bc=bc, ablate=ablate)
+    kernel = functools.partial(_forward_kernel, bq=bq, bc=bc, scale=scale, ablate=ablate)
     grid_spec = pltpu.PrefetchScalarGridSpec(
         num_scalar_prefetch=1,
         grid=(n, h, t // bq),
@@ -196,6 +206,7 @@ def _forward(q, k, v, seg, tiles: FlashTiles, interpret: bool, ablate=frozenset(
             pltpu.VMEM((bq, _LANES), jnp.float32),
             pltpu.VMEM((bq, _LANES), jnp.float32),
             pltpu.VMEM((bq, d), jnp.float32),
+            pltpu.VMEM((bq, d), q.dtype),
         ],
     )
     o, lse = pl.pallas_call(
@@ -237,6 +248,7 @@ def _backward_kernel(
     *,
     bq: int,
     bk: int,
+    scale: float,
     ablate: frozenset[str] = frozenset(),
 ):
     n_, j = pl.program_id(0), pl.program_id(2)
@@ -255,7 +267,8 @@ def _backward_kernel(
         rows = pl.ds(first, bq)
 
         def step(segments: bool):
-            q, k, v, do = q_ref[head, rows, :], k_ref[...], v_ref[...], do_ref[head, rows, :]
+            q, k, v = _scaled(q_ref[head, rows, :], scale), k_ref[...], v_ref[...]
+            do = do_ref[head, rows, :]
             s = _dot(k, q, (1, 1))  # [bk, bq]: keys in sublanes, queries in lanes
             masked = "no_mask" not in ablate
             seen = None
@@ -295,10 +308,13 @@ def _backward_kernel(
 
     @pl.when(j == pl.num_programs(2) - 1)
     def _write_dq():
-        dq_ref[...] = dq_acc[...].astype(dq_ref.dtype)
+        # The gradient of q, not of the scaled q the products took.
+        dq_ref[...] = (dq_acc[...] * scale).astype(dq_ref.dtype)
 
 
-def _backward(q, k, v, seg, o, lse, do, tiles: FlashTiles, interpret: bool, ablate=frozenset()):
+def _backward(
+    q, k, v, seg, o, lse, do, tiles: FlashTiles, interpret: bool, scale=1.0, ablate=frozenset()
+):
     """dq, dk, dv. The grid runs over (row, key/value head, key tile of
     ``tiles.bwd_block_kv``); the group's queries, output gradients and row statistics for the
     whole row stay in VMEM, and each key tile loops over the group's query heads and the query
@@ -310,7 +326,7 @@ def _backward(q, k, v, seg, o, lse, do, tiles: FlashTiles, interpret: bool, abla
     groups = h // kv_heads
     bq, bk = tiles.bwd_block_q, tiles.bwd_block_kv
     di = jnp.sum(o.astype(jnp.float32) * do.astype(jnp.float32), axis=-1)[:, :, None, :]
-    kernel = functools.partial(_backward_kernel, bq=bq, bk=bk, ablate=ablate)
+    kernel = functools.partial(_backward_kernel, bq=bq, bk=bk, scale=scale, ablate=ablate)
     group = lambda n_, g, j, m: (n_, g, 0, 0)  # noqa: E731
     key_tile = lambda n_, g, j, m: (n_, g, j, 0)  # noqa: E731
     grid_spec = pltpu.PrefetchScalarGridSpec(
@@ -390,21 +406,24 @@ def vmem_bytes(heads: int, kv_heads: int, t: int, d: int, tiles: FlashTiles) -> 
     )
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(4, 5))
-def flash_attention_heads_major(q, k, v, segment_ids, tiles: FlashTiles, interpret: bool):
-    """Causal attention within segments: q [N, H, T, D] (scaled), k, v [N, K, T, D], segment ids
-    int [N, T] -> [N, H, T, D] in q's dtype (see the module's docstring)."""
-    return _forward(q, k, v, segment_ids, tiles, interpret)[0]
+@functools.partial(jax.custom_vjp, nondiff_argnums=(4, 5, 6))
+def flash_attention_heads_major(
+    q, k, v, segment_ids, tiles: FlashTiles, interpret: bool, scale: float = 1.0
+):
+    """Causal attention within segments: q [N, H, T, D], k, v [N, K, T, D], segment ids
+    int [N, T] -> softmax(scale q kᵀ) v [N, H, T, D] in q's dtype (see the module's
+    docstring). The kernels scale q (in float32, rounded once to its dtype)."""
+    return _forward(q, k, v, segment_ids, tiles, interpret, scale)[0]
 
 
-def _vjp_forward(q, k, v, segment_ids, tiles, interpret):
-    o, lse = _forward(q, k, v, segment_ids, tiles, interpret)
+def _vjp_forward(q, k, v, segment_ids, tiles, interpret, scale):
+    o, lse = _forward(q, k, v, segment_ids, tiles, interpret, scale)
     return o, (q, k, v, segment_ids, o, lse)
 
 
-def _vjp_backward(tiles, interpret, residuals, do):
+def _vjp_backward(tiles, interpret, scale, residuals, do):
     q, k, v, segment_ids, o, lse = residuals
-    dq, dk, dv = _backward(q, k, v, segment_ids, o, lse, do, tiles, interpret)
+    dq, dk, dv = _backward(q, k, v, segment_ids, o, lse, do, tiles, interpret, scale)
     return dq, dk, dv, None
 
 

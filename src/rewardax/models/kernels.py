@@ -23,12 +23,13 @@ gradient accumulation the backward pass adds into the step's running sums by ref
 (`Kernels.accumulate_by_reference`: less memory there, more on XLA:CPU), and the layer loop runs
 over the layer indices (`Kernels.indexed_layers`: Qwen2.5-0.5B steps 5-9% shorter on a v5e).
 
-`Kernels.flash` (off) runs causal attention within segments through rewardax's own Pallas kernel
-(`flash_attention`) instead of splash, the tree mask and windows still through splash. Its first
-design was slower than splash on a v5e (Qwen2.5-0.5B heads, 16 x 2048: 11.65 ms at its best
-tiles against 10.93; benchmarks/README.md, 2026-12-07 sixth session); the second (keys, values
-and the backward's queries resident in VMEM, loops over tiles inside the kernel) is not yet
-timed on a chip, so nothing selects it.
+`Kernels.flash` (on a TPU) runs causal attention within segments through rewardax's own Pallas
+kernels (`flash_attention`: each row's keys and values, and in the backward the query group's
+rows, resident in VMEM, the loops over tiles inside the kernel) instead of splash; the tree mask
+and windows still run splash. On a v5e, 16 x 2048 of Qwen2.5-0.5B's heads: kernels 6.72 ms
+against splash's 8.46, the whole call 8.54 against 10.94; in the model at `auto`'s settings 0.5B
+57.9% MFU against 57.0% at 8 x 2048, SmolLM2-135M 43.4% against 41.1%, Qwen2.5-1.5B 64.5% against
+63.7% (`benchmarks/tpu_bench.py --set attention` and `--set flash`, 2026-12-07 seventh session).
 
 `auto` (the default) is `cpu` on the CPU backend, `pallas` on a TPU and `xla` elsewhere (GPUs).
 The splash kernel covers every layout: causal attention within segments (padding, packed rows,
@@ -62,6 +63,12 @@ AttentionImpl = Literal["cpu_blocked", "xla", "splash"]
 # than a tile get tiles of their (128-rounded) length.
 SPLASH_BLOCK = 1024
 SPLASH_KV_COMPUTE = 512
+# rewardax's flash kernels' tiles on a TPU (`flash_attention.FlashTiles`: forward query tile and
+# key chunk, backward query chunk and key tile), the fastest measured on a v5e
+# (benchmarks/attention_ablation.py, 2026-12-07 seventh session, 16 x 2048 of Qwen2.5-0.5B's
+# heads: forward 512 x 512 2.98 ms against 3.31 for 1024 x 512 and 3.32 for 256 x 512;
+# backward 512 x 512 5.46 ms against 6.06 for 512 x 1024 and 6.09 for 1024 x 512).
+FLASH_TILES = (512, 512, 512, 512)
 
 # The checkpoint name of the attention kernel's output and backward residuals
 # (remat policy "save_attention").
@@ -124,13 +131,12 @@ class Kernels:
         session): 0.5B 57.0% MFU against 54.0% at 8 x 2048, 55.9% against 51.1% at 16 x 512;
         SmolLM2-135M +0.2 points; Qwen2.5-1.5B (bf16 parameters, no accumulation) 63.7%
         against 63.3%. On a TPU only: not measured elsewhere.
-      flash: with `splash`, causal attention within segments (padded and packed rows) runs
-        rewardax's own Pallas kernel (`flash_attention`: the rows' keys and values resident in
-        VMEM, loops over tiles inside the kernel) with the tiles above: block_q x block_kv
-        the forward's query tile x key chunk, bwd_block_q x bwd_block_kv the backward's query
-        chunk x key tile (block_kv_compute and fused_backward are splash's only); the branch
-        mask and sliding windows run splash whatever this says. Off: not yet timed on a chip
-        (its first design was slower than splash on a v5e).
+      flash: with `splash`, the tiles (`FLASH_TILES`' order) of rewardax's own kernels
+        (`flash_attention`), which then run causal attention within segments (padded and
+        packed rows) in splash's place: the tile fields above are splash's only. The branch
+        mask, sliding windows and rows too long for the kernels' VMEM run splash whatever this
+        says. None: splash. `FLASH_TILES` on a TPU (measured faster there, above); elsewhere
+        None (interpret mode, tests).
     """
 
     name: str
@@ -149,7 +155,7 @@ class Kernels:
     float32_sums: bool = True
     accumulate_by_reference: bool = False
     indexed_layers: bool = False
-    flash: bool = False
+    flash: tuple[int, int, int, int] | None = None
 
     def products(self, matmul_dtype: Any) -> contextlib.AbstractContextManager:
         """The context to trace the model's products in, for matmul inputs of ``matmul_dtype``:
@@ -196,6 +202,7 @@ def select_kernels(setting: str = "auto", backend: str | None = None) -> Kernels
         attention="splash",
         interpret=not tpu,
         rope_matmul=True,
+        flash=FLASH_TILES if tpu else None,
         **by_backend,
     )
 

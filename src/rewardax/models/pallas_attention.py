@@ -156,7 +156,7 @@ def splash_attention(
     bwd_block_q: int | None = None,
     bwd_block_kv: int | None = None,
     dense_residuals: bool = False,
-    flash: bool = False,
+    flash: FlashTiles | None = None,
     branch_ids: jax.Array | None = None,
     positions: jax.Array | None = None,
     sliding_window: int | None = None,
@@ -181,12 +181,12 @@ def splash_attention(
       block_kv_compute, bwd_block_q, bwd_block_kv: see `splash_block_sizes`.
       interpret: run in Pallas' interpret mode (CPU tests).
       dense_residuals: what remat keeps of the kernel in 128-wide rows (`Kernels`).
-      flash: causal attention within segments runs rewardax's own kernel
-        (`flash_attention`, tiles block_q x block_kv forward, bwd_block_q x bwd_block_kv
-        backward; block_kv_compute and fused_backward are splash's); the branch mask, sliding
-        windows and, on a TPU, rows too long for its VMEM (`flash_attention.vmem_bytes`: a
-        v5e's 128 MiB hold rows of ~7,500 tokens with 7 query heads per key/value head) still run
-        splash.
+      flash: tiles (`flash_attention.FlashTiles`, each shrunk to the row as splash's are):
+        causal attention within segments runs rewardax's own kernel (`flash_attention`) with
+        them, and the block_* and fused_backward arguments are unused; None: splash. The branch
+        mask, sliding windows and, on a TPU, rows too long for flash's VMEM
+        (`flash_attention.vmem_bytes`: a v5e's 128 MiB hold rows of ~7,500 tokens with 7 query
+        heads per key/value head) run splash whatever this says.
 
     Returns:
       [N, T, H, D] in q's dtype. float32 inputs run float32 products (the kernel's forward and
@@ -203,17 +203,6 @@ def splash_attention(
         bwd_block_q=bwd_block_q,
         bwd_block_kv=bwd_block_kv,
     )
-    t_pad = _round_up(
-        t, math.lcm(sizes.block_q, sizes.block_kv, sizes.block_q_dkv, sizes.block_kv_dkv)
-    )
-    # The same tiles, fitted to the row as splash's are.
-    flash_tiles = FlashTiles(sizes.block_q, sizes.block_kv, sizes.block_q_dkv, sizes.block_kv_dkv)
-    if flash and not interpret and jax.default_backend() == "tpu":
-        # Rows too long for the kernel's VMEM (it holds whole rows) run splash.
-        need = vmem_bytes(h, k.shape[2], t_pad, q.shape[-1], flash_tiles)
-        flash = need <= pltpu.get_tpu_info().vmem_capacity_bytes
-    # Scaled in float32 then rounded once; exact for head widths of 4**i (1/8 for 64).
-    q = (q.astype(jnp.float32) * scale).astype(q.dtype)
     if sliding_window is not None and sliding_window >= t:
         # Positions in a row differ by less than its length (they never advance faster than
         # the index), so such a window rules nothing out.
@@ -221,6 +210,19 @@ def splash_attention(
     if sliding_window is not None and positions is None:
         raise ValueError("a sliding window needs the tokens' positions")
     tree = branch_ids is not None or sliding_window is not None
+    fit = lambda b: min(b, _round_up(t, _LANES))  # noqa: E731  tiles of short rows
+    flash = None if flash is None or tree else FlashTiles(*map(fit, flash))
+    if flash is not None and not interpret and jax.default_backend() == "tpu":
+        # Rows too long for the kernel's VMEM (it holds whole rows) run splash.
+        need = vmem_bytes(h, k.shape[2], _round_up(t, math.lcm(*flash)), q.shape[-1], flash)
+        flash = flash if need <= pltpu.get_tpu_info().vmem_capacity_bytes else None
+    if flash is None:
+        tiles = (sizes.block_q, sizes.block_kv, sizes.block_q_dkv, sizes.block_kv_dkv)
+        # Scaled in float32 then rounded once; exact for head widths of 4**i (1/8 for 64).
+        q = (q.astype(jnp.float32) * scale).astype(q.dtype)
+    else:
+        tiles = flash  # the flash kernels scale q themselves, the same way
+    t_pad = _round_up(t, math.lcm(*tiles))
     # ids [N, T] (segments), or [N, 3, T] (segments, branches, positions) for a dynamic mask.
     ids = segment_ids.astype(jnp.int32)
     if tree:
@@ -250,8 +252,8 @@ def splash_attention(
                 return kernel(q_row, k_row, v_row)
 
             return jax.vmap(one_tree_row)(q, k, v, ids)
-        if flash:
-            return flash_attention_heads_major(q, k, v, ids, flash_tiles, interpret)
+        if flash is not None:
+            return flash_attention_heads_major(q, k, v, ids, flash, interpret, scale)
         heads = q.shape[1]
         mask = splash_mask.MultiHeadMask([splash_mask.CausalMask((t_pad, t_pad))] * heads)
         kernel = splash.make_splash_mha(
