@@ -52,6 +52,7 @@ from rewardax.models.pallas_attention import splash_block_sizes  # noqa: E402
 from rewardax.plan import topology_devices  # noqa: E402
 
 N, H, KV, T, D = 16, 14, 2, 2048, 64  # Qwen2.5-0.5B heads, the attention bench's 16 x 2048
+SCALE = 0.125  # 1 / sqrt(D)
 UNITS = 4
 _BUNDLE = re.compile(r"^\s*(0x[0-9a-f]+|\d+)\s")
 _REGION = re.compile(r"(Start|End) region (\d+)")
@@ -82,12 +83,12 @@ def _splash(fused_bwd: bool):
 
 def _flash_forward(bq: int, bc: int):
     tiles = fa.FlashTiles(bq, bc, 512, 512)
-    return lambda q, k, v, s: fa._forward(q, k, v, s, tiles, False)
+    return lambda q, k, v, s: fa._forward(q, k, v, s, tiles, False, SCALE)
 
 
 def _flash_backward(bq: int, bk: int):
     tiles = fa.FlashTiles(512, 512, bq, bk)
-    return lambda q, k, v, s, o, lse, do: fa._backward(q, k, v, s, o, lse, do, tiles, False)
+    return lambda q, k, v, s, o, lse, do: fa._backward(q, k, v, s, o, lse, do, tiles, False, SCALE)
 
 
 QKVS = [

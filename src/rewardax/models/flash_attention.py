@@ -1,11 +1,12 @@
 """rewardax's own Pallas TPU flash attention: causal, within segments, grouped queries.
 
-Not selected by default (`Kernels.flash`). Its first design (a grid over key tiles) ran slower
-than splash on a TPU v5e (16 x 2048 of Qwen2.5-0.5B heads: forward 3.93 ms against 3.21,
-backward 6.09 against 5.25; benchmarks/README.md, 2026-12-07 sixth session). Compiled for a
-v5e on the CPU (`benchmarks/kernel_bundles.py`), the steps of both kernels and of splash are at
-the matrix units' bound, which heads of 64 halve: the time lost is outside the steps (tile
-pairs half masked on the diagonal, the grid's steps, the tiles' DMAs). This design cuts those:
+The TPU's attention for padded and packed rows (`Kernels.flash`; the tree mask and windows run
+splash). Its first design (a grid over key tiles) ran slower than splash on a TPU v5e (16 x 2048
+of Qwen2.5-0.5B heads: forward 3.93 ms against 3.21, backward 6.09 against 5.25;
+benchmarks/README.md, 2026-12-07 sixth session). Compiled for a v5e on the CPU
+(`benchmarks/kernel_bundles.py`), the steps of both kernels and of splash are at the matrix
+units' bound, which heads of 64 halve: the time lost is outside the steps (tile pairs half
+masked on the diagonal, the grid's steps, the tiles' DMAs). This design cuts those:
 
 - the forward keeps each row's keys and values in VMEM (fetched once per key/value head, as
   the query heads of a group follow one another in the grid) and loops, inside the kernel, over
@@ -17,12 +18,17 @@ pairs half masked on the diagonal, the grid's steps, the tiles' DMAs). This desi
   1024 x 1024 tiles;
 - masks only where needed: the causal mask on the diagonal's chunks, the segment mask where a
   step's two tiles hold more than one segment id (a table computed before the kernel and read
-  as scalars), the forward's p·v in the inputs' dtype (splash's forward casts v to float32).
+  as scalars), the forward's p·v in the inputs' dtype (splash's forward casts v to float32);
+- q is scaled inside the kernels (no float32 pass over q and dq around them).
+
+On a v5e, 16 x 2048 of Qwen2.5-0.5B's heads: forward 2.48 ms, backward 4.33 (30.9% of the
+chip's peak for causal attention's products; splash 3.21 and 5.25, 25.3%; benchmarks/README.md,
+2026-12-07 seventh session).
 
 VMEM bounds the row length: the backward holds about 8 x G x T x 128 bytes twice (G query
-heads per key/value head), ~60 MiB for 7 heads at 4096 tokens.
+heads per key/value head), ~60 MiB for 7 heads at 4096 tokens; `vmem_bytes` says how much.
 
-Layouts, heads-major: q [N, H, T, D] (already scaled), k and v [N, K, T, D], H a multiple of K
+Layouts, heads-major: q [N, H, T, D] (unscaled: the kernels take ``scale``), k and v [N, K, T, D], H a multiple of K
 (query head h reads key/value head h // (H / K)), segment ids [N, T] (a query sees the keys at
 or before it with its own id). T must be a multiple of every tile; `pallas_attention` pads.
 
