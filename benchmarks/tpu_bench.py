@@ -31,7 +31,7 @@ profile,save_mlp`; `--jobs` then indexes the combined list.
 time summed per op into OUT/profile.md (`device_profile.py`), the first job's trace kept as
 OUT/trace.xplane.pb; the attention bench's timed programs are traced the same way (N calls).
 `--set attention`: attention alone with the model's tiles at `ATTENTION_SHAPES`, JAX's splash
-kernel called as it is, and rewardax's own kernel (`FLASH_TILES`); no models.
+kernel called as it is, and rewardax's own kernel (`ATTENTION_FLASH_TILES`); no models.
 """
 
 from __future__ import annotations
@@ -59,7 +59,12 @@ from flax import nnx  # noqa: E402
 
 import rewardax as rx  # noqa: E402
 from rewardax import data as rdata  # noqa: E402
-from rewardax.models.kernels import Kernels, select_kernels, xla_attention  # noqa: E402
+from rewardax.models.kernels import (  # noqa: E402
+    FLASH_TILES,
+    Kernels,
+    select_kernels,
+    xla_attention,
+)
 from rewardax.models.pallas_attention import splash_attention  # noqa: E402
 from rewardax.models.transformer import attention_mask, blocked_attention  # noqa: E402
 from rewardax.sharding import global_batch  # noqa: E402
@@ -342,17 +347,17 @@ INDEXED_JOBS = [
     for shape, t, pairs, mb in AUTO_CHOICES
     for tiles in (SCANNED, None)
 ]
-# `--set flash`: rewardax's own attention kernels (`Kernels.flash`, the TPU's default since
-# 2026-12-07 seventh session) against splash in the model, at `auto`'s settings (as `--set
-# indexed`) and at 1.5B's (bf16 parameters, 2 pairs, remat full: 63.7% with splash).
-SPLASH = dict(flash=None)
+# `--set flash`: rewardax's own attention kernels (`Kernels.flash`) against splash in the
+# model, at `auto`'s settings (as `--set indexed`) and at 1.5B's (bf16 parameters, 2 pairs,
+# remat full: 63.7% with splash). 2026-12-07 seventh session: flash faster at every shape.
+FLASH = dict(flash=FLASH_TILES)
 FLASH_JOBS = [
     Job(shape, t, "pallas", (pairs,), remat="save_attention_mlp", microbatches=mb, tiles=tiles)
     for shape, t, pairs, mb in AUTO_CHOICES
-    for tiles in (SPLASH, None)
+    for tiles in (None, FLASH)
 ] + [
     Job("qwen2.5-1.5b", 2048, "pallas", (2,), param_dtype="bfloat16", remat="full", tiles=tiles)
-    for tiles in (SPLASH, None)
+    for tiles in (None, FLASH)
 ]
 TINY_JOBS = [
     Job("qwen2.5-0.5b", 256, "pallas", (4, 2)),
@@ -367,7 +372,7 @@ TINY_JOBS = [
 ATTENTION_SHAPES = [(16, 2048), (2, 2048), (64, 512)]
 # rewardax's own kernels (`flash_attention`) in `--set attention`: `Kernels.flash` tiles; all
 # at the first shape, the first at the others.
-FLASH_TILES = [(512, 512, 512, 512), (1024, 512, 512, 512)]
+ATTENTION_FLASH_TILES = [(512, 512, 512, 512), (1024, 512, 512, 512)]
 # Splash tiles tried in the attention benchmark: (block_q, block_kv, fused backward).
 SPLASH_TILES = [(512, 512, False), (1024, 1024, False), (512, 512, True)]
 # `--set tune`: (block_q, block_kv, block_kv_compute, bwd_block_q, bwd_block_kv), fused backward.
@@ -552,7 +557,9 @@ def attention_bench(rows: int, t: int, args, rec: Recorder) -> dict | None:
         if args.tiny:
             tile_sets = [{**tile_sets[0], **dict.fromkeys(tiles, 128)}]
         impls |= raw_splash_impls(tile_sets[0], rows, t, h, interpret)
-        sweep = FLASH_TILES if (rows, t) == ATTENTION_SHAPES[0] else FLASH_TILES[:1]
+        sweep = (
+            ATTENTION_FLASH_TILES if (rows, t) == ATTENTION_SHAPES[0] else ATTENTION_FLASH_TILES[:1]
+        )
         for bq, bk, bbq, bbk in [(128, 128, 128, 128)] if args.tiny else sweep:
             impls[f"flash fwd {bq}x{bk} bwd {bbq}x{bbk}"] = (
                 lambda q, k, v, s, tiles=(bq, bk, bbq, bbk): splash_attention(

@@ -28,9 +28,6 @@ from rewardax.models.kernels import (
     traced_under,
     xla_attention,
 )
-from rewardax.models.kernels import (
-    FLASH_TILES as KERNEL_FLASH_TILES,
-)
 from rewardax.models.pallas_attention import splash_attention
 from rewardax.models.transformer import attend, attention_mask
 
@@ -389,8 +386,8 @@ def test_select_kernels_by_backend_and_override():
         False,
     )
     assert (gpu.attention, gpu.written_projection_backward) == ("xla", False)
-    # rewardax's flash kernels in splash's place on a TPU only (interpret mode elsewhere)
-    assert (tpu.flash, select_kernels("pallas", "cpu").flash) == (KERNEL_FLASH_TILES, None)
+    # rewardax's flash kernels are opt-in (`Kernels.flash`); splash is every backend's default
+    assert (tpu.flash, select_kernels("pallas", "cpu").flash) == (None, None)
     # XLA:TPU sums bf16 reductions in float32 by itself (`Kernels.float32_sums`)
     assert (cpu.float32_sums, tpu.float32_sums, gpu.float32_sums) == (True, False, True)
     assert select_kernels("pallas", "cpu").float32_sums

@@ -1,7 +1,7 @@
 """rewardax's own Pallas TPU flash attention: causal, within segments, grouped queries.
 
-The TPU's attention for padded and packed rows (`Kernels.flash`; the tree mask and windows run
-splash). Its first design (a grid over key tiles) ran slower than splash on a TPU v5e (16 x 2048
+Opt-in on a TPU for padded and packed rows (`Kernels.flash`; the tree mask and windows run
+splash): faster than splash there, not yet the default (`kernels` says why). Its first design (a grid over key tiles) ran slower than splash on a TPU v5e (16 x 2048
 of Qwen2.5-0.5B heads: forward 3.93 ms against 3.21, backward 6.09 against 5.25;
 benchmarks/README.md, 2026-12-07 sixth session). Compiled for a v5e on the CPU
 (`benchmarks/kernel_bundles.py`), the steps of both kernels and of splash are at the matrix
@@ -95,18 +95,20 @@ def _lanes(x: jax.Array, width: int) -> jax.Array:
 
 
 def _mixed_tiles(seg: jax.Array, rows: int, cols: int) -> jax.Array:
-    """int32 [N, T / rows, T / cols]: 1 where a tile of ``rows`` queries and one of ``cols``
-    keys hold more than one segment id between them (the segment mask is needed), else 0."""
+    """int32 [N * (T / rows) * (T / cols)] (row-major over row, query tile, key tile): 1 where a
+    tile of ``rows`` queries and one of ``cols`` keys hold more than one segment id between them
+    (the segment mask is needed), else 0. Flat: SMEM pads a table's minor dimension (a
+    [256, 8, 8] table overflowed a v5e's 1 MiB)."""
     n, t = seg.shape
     q_tiles, k_tiles = seg.reshape(n, t // rows, rows), seg.reshape(n, t // cols, cols)
     q_min, q_max = q_tiles.min(-1)[:, :, None], q_tiles.max(-1)[:, :, None]
     k_min, k_max = k_tiles.min(-1)[:, None, :], k_tiles.max(-1)[:, None, :]
     one = (q_min == q_max) & (k_min == k_max) & (q_min == k_min)
-    return (~one).astype(jnp.int32)
+    return (~one).astype(jnp.int32).reshape(-1)
 
 
 def _forward_kernel(
-    mixed_ref,  # SMEM int32 [N, T / bq, T / bc]: `_mixed_tiles`
+    mixed_ref,  # SMEM int32 [N * T / bq * T / bc]: `_mixed_tiles`
     q_seg_ref,  # [bq, 128] int32: the queries' segment ids, repeated over the lanes
     kv_seg_ref,  # [1, T] int32: the row's segment ids
     q_ref,  # [bq, D]
@@ -163,7 +165,7 @@ def _forward_kernel(
             pv = _dot(p.astype(v_ref.dtype), v_ref[pl.ds(first, bc), :], (1, 0))  # [bq, D]
             acc_ref[...] = acc_ref[...] * alpha[:, :d] + pv
 
-        mixed = mixed_ref[n_, i, c]
+        mixed = mixed_ref[(n_ * pl.num_programs(2) + i) * (k_ref.shape[0] // bc) + c]
         pl.when(mixed == 0)(functools.partial(step, False))
         pl.when(mixed != 0)(functools.partial(step, True))
 
@@ -236,7 +238,7 @@ def _forward(q, k, v, seg, tiles: FlashTiles, interpret: bool, scale=1.0, ablate
 
 
 def _backward_kernel(
-    mixed_ref,  # SMEM int32 [N, T / bq, T / bk]: `_mixed_tiles`
+    mixed_ref,  # SMEM int32 [N * T / bq * T / bk]: `_mixed_tiles`
     q_seg_ref,  # [1, T] int32: the row's segment ids
     kv_seg_ref,  # [bk, 128] int32: the keys' segment ids, repeated over the lanes
     q_ref,  # [G, T, D]: the group's queries, the whole row
@@ -295,7 +297,7 @@ def _backward_kernel(
             if "no_dq" not in ablate:
                 dq_acc[head, rows, :] += _dot(ds, k, (0, 0))  # [bq, D]
 
-        mixed = mixed_ref[n_, c, j]
+        mixed = mixed_ref[(n_ * (t // bq) + c) * pl.num_programs(2) + j]
         pl.when(mixed == 0)(functools.partial(step, False))
         pl.when(mixed != 0)(functools.partial(step, True))
 

@@ -23,13 +23,16 @@ gradient accumulation the backward pass adds into the step's running sums by ref
 (`Kernels.accumulate_by_reference`: less memory there, more on XLA:CPU), and the layer loop runs
 over the layer indices (`Kernels.indexed_layers`: Qwen2.5-0.5B steps 5-9% shorter on a v5e).
 
-`Kernels.flash` (on a TPU) runs causal attention within segments through rewardax's own Pallas
-kernels (`flash_attention`: each row's keys and values, and in the backward the query group's
-rows, resident in VMEM, the loops over tiles inside the kernel) instead of splash; the tree mask
-and windows still run splash. On a v5e, 16 x 2048 of Qwen2.5-0.5B's heads: kernels 6.72 ms
-against splash's 8.46, the whole call 8.54 against 10.94; in the model at `auto`'s settings 0.5B
-57.9% MFU against 57.0% at 8 x 2048, SmolLM2-135M 43.4% against 41.1%, Qwen2.5-1.5B 64.5% against
-63.7% (`benchmarks/tpu_bench.py --set attention` and `--set flash`, 2026-12-07 seventh session).
+`Kernels.flash` (off by default) runs causal attention within segments through rewardax's own
+Pallas kernels (`flash_attention`: each row's keys and values, and in the backward the query
+group's rows, resident in VMEM, the loops over tiles inside the kernel) instead of splash; the
+tree mask and windows still run splash. On a v5e, 16 x 2048 of Qwen2.5-0.5B's heads: kernels
+6.81 ms against splash's 8.46, the whole call 7.70 against 10.94; in the model at `auto`'s
+settings 0.5B 57.9% MFU against 57.0% at 8 x 2048, SmolLM2-135M 43.4% against 41.1%,
+Qwen2.5-1.5B 64.5% against 63.7% (`benchmarks/tpu_bench.py --set attention` and `--set flash`,
+2026-12-07 seventh session). Not yet the default: compiled for a v5e (tests/test_plan.py), a
+step with remat offload_attention needed 6.6% more device memory with it than with remat full
+(splash: within 2%), unexplained so far.
 
 `auto` (the default) is `cpu` on the CPU backend, `pallas` on a TPU and `xla` elsewhere (GPUs).
 The splash kernel covers every layout: causal attention within segments (padding, packed rows,
@@ -135,8 +138,7 @@ class Kernels:
         (`flash_attention`), which then run causal attention within segments (padded and
         packed rows) in splash's place: the tile fields above are splash's only. The branch
         mask, sliding windows and rows too long for the kernels' VMEM run splash whatever this
-        says. None: splash. `FLASH_TILES` on a TPU (measured faster there, above); elsewhere
-        None (interpret mode, tests).
+        says. None (the default): splash. `FLASH_TILES`: the tiles measured fastest.
     """
 
     name: str
@@ -202,7 +204,6 @@ def select_kernels(setting: str = "auto", backend: str | None = None) -> Kernels
         attention="splash",
         interpret=not tpu,
         rope_matmul=True,
-        flash=FLASH_TILES if tpu else None,
         **by_backend,
     )
 

@@ -184,7 +184,7 @@ def splash_attention(
       flash: tiles (`flash_attention.FlashTiles`, each shrunk to the row as splash's are):
         causal attention within segments runs rewardax's own kernel (`flash_attention`) with
         them, and the block_* and fused_backward arguments are unused; None: splash. The branch
-        mask, sliding windows and, on a TPU, rows too long for flash's VMEM
+        mask, sliding windows, heads wider than 128 and, on a TPU, rows too long for flash's VMEM
         (`flash_attention.vmem_bytes`: a v5e's 128 MiB hold rows of ~7,500 tokens with 7 query
         heads per key/value head) run splash whatever this says.
 
@@ -211,7 +211,8 @@ def splash_attention(
         raise ValueError("a sliding window needs the tokens' positions")
     tree = branch_ids is not None or sliding_window is not None
     fit = lambda b: min(b, _round_up(t, _LANES))  # noqa: E731  tiles of short rows
-    flash = None if flash is None or tree else FlashTiles(*map(fit, flash))
+    # Flash takes heads of up to 128 (one lane row); wider ones, and the dynamic masks, run splash.
+    flash = None if flash is None or tree or q.shape[-1] > _LANES else FlashTiles(*map(fit, flash))
     if flash is not None and not interpret and jax.default_backend() == "tpu":
         # Rows too long for the kernel's VMEM (it holds whole rows) run splash.
         need = vmem_bytes(h, k.shape[2], _round_up(t, math.lcm(*flash)), q.shape[-1], flash)
