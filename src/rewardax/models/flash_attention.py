@@ -74,6 +74,19 @@ def _dot(a, b, contract: tuple[int, int]):
     return jax.lax.dot_general(a, b, dims, precision=precision, preferred_element_type=jnp.float32)
 
 
+def _masked(s, same_segment, on_diagonal: bool, q_first, k_first, query_axis: int):
+    """Scores ``s`` (a step's tile pair, queries along ``query_axis``, keys along the other,
+    starting at q_first and k_first) with what a query must not see set to `_MASKED`: keys of
+    another segment (``same_segment``: bool, or None where the tiles hold one segment) and, on
+    the diagonal, keys after it."""
+    seen = same_segment
+    if on_diagonal:
+        queries = q_first + jax.lax.broadcasted_iota(jnp.int32, s.shape, query_axis)
+        keys = k_first + jax.lax.broadcasted_iota(jnp.int32, s.shape, 1 - query_axis)
+        seen = keys <= queries if seen is None else seen & (keys <= queries)
+    return s if seen is None else jnp.where(seen, s, _MASKED)
+
+
 def _scaled(q: jax.Array, scale: float) -> jax.Array:
     """q x scale, in float32 then rounded once to q's dtype (exact for 1/8, heads of 64)."""
     if scale == 1.0:
@@ -140,16 +153,11 @@ def _forward_kernel(
         def step(segments: bool):
             k = k_ref[pl.ds(first, bc), :]
             s = _dot(q_scaled_ref[...], k, (1, 1))  # [bq, bc]
-            masked = "no_mask" not in ablate
-            seen = None
-            if segments and masked:
-                seen = _lanes(q_seg_ref[...], bc) == kv_seg_ref[:, pl.ds(first, bc)]
-            if on_diagonal and masked:
-                rows = q_first + jax.lax.broadcasted_iota(jnp.int32, (bq, bc), 0)
-                cols = first + jax.lax.broadcasted_iota(jnp.int32, (bq, bc), 1)
-                seen = cols <= rows if seen is None else seen & (cols <= rows)
-            if seen is not None:
-                s = jnp.where(seen, s, _MASKED)
+            if "no_mask" not in ablate:
+                same = None
+                if segments:
+                    same = _lanes(q_seg_ref[...], bc) == kv_seg_ref[:, pl.ds(first, bc)]
+                s = _masked(s, same, on_diagonal, q_first, first, query_axis=0)
             m_prev = m_ref[...]
             m_next = jnp.maximum(m_prev, jnp.max(s, axis=1, keepdims=True))  # [bq, 128]
             if "no_exp" in ablate:
@@ -278,16 +286,11 @@ def _backward_kernel(
             q, k, v = _scaled(q_ref[head, rows, :], scale), k_ref[...], v_ref[...]
             do = do_ref[head, rows, :]
             s = _dot(k, q, (1, 1))  # [bk, bq]: keys in sublanes, queries in lanes
-            masked = "no_mask" not in ablate
-            seen = None
-            if segments and masked:
-                seen = _lanes(kv_seg_ref[...], bq) == q_seg_ref[:, rows]
-            if on_diagonal and masked:
-                keys = k_first + jax.lax.broadcasted_iota(jnp.int32, (bk, bq), 0)
-                queries = first + jax.lax.broadcasted_iota(jnp.int32, (bk, bq), 1)
-                seen = keys <= queries if seen is None else seen & (keys <= queries)
-            if seen is not None:
-                s = jnp.where(seen, s, _MASKED)
+            if "no_mask" not in ablate:
+                same = None
+                if segments:
+                    same = _lanes(kv_seg_ref[...], bq) == q_seg_ref[:, rows]
+                s = _masked(s, same, on_diagonal, first, k_first, query_axis=1)
             lse = lse_ref[head, :, rows]  # [1, bq]
             p = s - lse if "no_exp" in ablate else jnp.exp(s - lse)  # [bk, bq]
             dv_acc[...] += _dot(p.astype(do.dtype), do, (1, 0))

@@ -46,6 +46,11 @@ def _round_up(x: int, multiple: int) -> int:
     return -(-x // multiple) * multiple
 
 
+def _fit(tile: int, length: int) -> int:
+    """A tile for rows of ``length`` tokens: the tile, or the lane-rounded length if shorter."""
+    return min(tile, _round_up(length, _LANES))
+
+
 def splash_block_sizes(
     length: int,
     block_q: int,
@@ -68,7 +73,7 @@ def splash_block_sizes(
         raise ValueError(f"splash tiles must be multiples of {_LANES}, got {tiles}")
     if block_kv % block_kv_compute:
         raise ValueError(f"block_kv_compute={block_kv_compute} must divide block_kv={block_kv}")
-    fit = lambda b: min(b, _round_up(length, _LANES))  # noqa: E731
+    fit = lambda b: _fit(b, length)  # noqa: E731
     bkv = fit(block_kv)
     bkv_compute = bkv if bkv % fit(block_kv_compute) else fit(block_kv_compute)
     backward = {
@@ -210,9 +215,11 @@ def splash_attention(
     if sliding_window is not None and positions is None:
         raise ValueError("a sliding window needs the tokens' positions")
     tree = branch_ids is not None or sliding_window is not None
-    fit = lambda b: min(b, _round_up(t, _LANES))  # noqa: E731  tiles of short rows
     # Flash takes heads of up to 128 (one lane row); wider ones, and the dynamic masks, run splash.
-    flash = None if flash is None or tree or q.shape[-1] > _LANES else FlashTiles(*map(fit, flash))
+    if flash is not None and not tree and q.shape[-1] <= _LANES:
+        flash = FlashTiles(*(_fit(b, t) for b in flash))
+    else:
+        flash = None
     if flash is not None and not interpret and jax.default_backend() == "tpu":
         # Rows too long for the kernel's VMEM (it holds whole rows) run splash.
         need = vmem_bytes(h, k.shape[2], _round_up(t, math.lcm(*flash)), q.shape[-1], flash)
