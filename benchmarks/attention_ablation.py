@@ -42,6 +42,7 @@ import device_profile
 from rewardax.models import flash_attention as fa
 from rewardax.models.kernels import select_kernels
 from rewardax.models.pallas_attention import splash_block_sizes
+from tpu_bench import back_to_back_seconds
 
 PEAK_FLOPS = 197e12  # v5e bf16
 ITERS = 20
@@ -67,15 +68,6 @@ FLASH_FORWARD_TILES = [(512, 512), (1024, 512), (512, 256), (256, 512), (1024, 1
 FORWARD_ABLATIONS = [("no_mask",), ("no_exp",), ("no_pv",), ("no_mask", "no_exp", "no_pv")]
 FLASH_BACKWARD_TILES = [(512, 512), (512, 1024), (1024, 512), (256, 512), (512, 256)]
 BACKWARD_ABLATIONS = [("no_mask",), ("no_exp",), ("no_dq",), ("no_mask", "no_exp", "no_dq")]
-
-
-def back_to_back_ms(fn, args: tuple, iters: int) -> float:
-    jax.block_until_ready(fn(*args))
-    t0 = time.perf_counter()
-    for _ in range(iters):
-        out = fn(*args)
-    jax.block_until_ready(out)
-    return 1e3 * (time.perf_counter() - t0) / iters
 
 
 def kernel_ms(fn, args: tuple, calls: int) -> tuple[float | None, dict]:
@@ -252,7 +244,7 @@ def main(argv: list[str] | None = None) -> None:
         else:
             try:
                 fn = make()
-                row["program_ms"] = round(back_to_back_ms(fn, operands, iters), 3)
+                row["program_ms"] = round(1e3 * back_to_back_seconds(fn, operands, iters), 3)
                 total, ops = kernel_ms(fn, operands, calls)
                 row["kernel_ms"] = total
                 row["ops"] = ops
