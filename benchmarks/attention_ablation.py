@@ -65,9 +65,22 @@ SPLASH_VARIANTS = [  # name, changes
 # (query tile, key chunk): the forward's; (query chunk, key tile): the backward's.
 FLASH_TILES = [(512, 512, 512, 512), (1024, 512, 512, 512), (512, 512, 512, 1024)]
 FLASH_FORWARD_TILES = [(512, 512), (1024, 512), (512, 256), (256, 512), (1024, 1024)]
-FORWARD_ABLATIONS = [("no_mask",), ("no_exp",), ("no_pv",), ("no_mask", "no_exp", "no_pv")]
+FORWARD_ABLATIONS = [
+    ("no_split",),
+    ("no_mask",),
+    ("no_exp",),
+    ("no_pv",),
+    ("no_mask", "no_exp", "no_pv"),
+]
 FLASH_BACKWARD_TILES = [(512, 512), (512, 1024), (1024, 512), (256, 512), (512, 256)]
-BACKWARD_ABLATIONS = [("no_mask",), ("no_exp",), ("no_dq",), ("no_mask", "no_exp", "no_dq")]
+BACKWARD_ABLATIONS = [
+    ("no_split",),
+    ("scale_queries",),
+    ("no_mask",),
+    ("no_exp",),
+    ("no_dq",),
+    ("no_mask", "no_exp", "no_dq"),
+]
 
 
 def kernel_ms(fn, args: tuple, calls: int) -> tuple[float | None, dict]:
@@ -141,6 +154,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--budget-s", type=float, default=400)
     parser.add_argument("--out", default=os.environ.get("OUT", "attention_ablation_out"))
     parser.add_argument("--tiny", action="store_true")
+    parser.add_argument("--only", default="", help="the groups whose name contains this")
     args = parser.parse_args(argv)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -237,6 +251,7 @@ def main(argv: list[str] | None = None) -> None:
             jobs.append((group, name, part, run, operands))
 
     rows = []
+    jobs = [job for job in jobs if args.only in job[0]]
     for group, name, part, make, operands in jobs:
         row = {"group": group, "variant": name, "part": part, "N": n, "T": t}
         if time.monotonic() - start > args.budget_s:

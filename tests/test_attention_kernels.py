@@ -133,25 +133,30 @@ def test_splash_attention_matches_cpu_attention_float32(layout, t):
 # rewardax's flash kernels' tiles here: forward query tile and key chunk, backward query chunk
 # and key tile (unequal, so that a tile mix-up shows).
 FLASH_TILES = (128, 256, 256, 128)
+# Square tiles of 256: the diagonal's pairs run as two steps (`flash_attention._split_diagonal`).
+SPLIT_TILES = (256, 256, 256, 256)
 
 
+# scale: 1/8 (1/sqrt(D)) puts the scale on the backward's key tiles, 0.1 (not a power of two)
+# on its queries (`flash_attention._backward_kernel`).
 @pytest.mark.parametrize(
-    "layout, dtype",
+    "layout, dtype, tiles, scale",
     [
-        pytest.param("full", jnp.float32, marks=pytest.mark.slow),
-        pytest.param("right_padded", jnp.float32, marks=pytest.mark.slow),
-        pytest.param("left_padded", jnp.float32, marks=pytest.mark.slow),
-        pytest.param("packed", jnp.float32, marks=pytest.mark.slow),
-        ("packed", jnp.bfloat16),
+        pytest.param("full", jnp.float32, FLASH_TILES, 0.125, marks=pytest.mark.slow),
+        pytest.param("right_padded", jnp.float32, FLASH_TILES, 0.125, marks=pytest.mark.slow),
+        pytest.param("left_padded", jnp.float32, FLASH_TILES, 0.125, marks=pytest.mark.slow),
+        pytest.param("packed", jnp.float32, FLASH_TILES, 0.1, marks=pytest.mark.slow),
+        ("packed", jnp.bfloat16, FLASH_TILES, 0.125),
+        ("packed", jnp.float32, SPLIT_TILES, 0.1),
+        pytest.param("right_padded", jnp.bfloat16, SPLIT_TILES, 0.125, marks=pytest.mark.slow),
     ],
 )
-def test_flash_attention_matches_cpu_attention(layout, dtype):
+def test_flash_attention_matches_cpu_attention(layout, dtype, tiles, scale):
     t = 384
     q, k, v, cot = _inputs(t, dtype, seed=4)
     seg = jnp.asarray(_segments(layout, t))
-    scale = 1.0 / np.sqrt(D)
     got = _value_and_grads(
-        lambda q, k, v: splash_attention(q, k, v, seg, scale, interpret=True, flash=FLASH_TILES),
+        lambda q, k, v: splash_attention(q, k, v, seg, scale, interpret=True, flash=tiles),
         q,
         k,
         v,

@@ -41,6 +41,7 @@ sum) are kept 128 lanes wide in VMEM, as the vector unit holds them.
 from __future__ import annotations
 
 import functools
+import math
 from typing import NamedTuple
 
 import jax
@@ -94,6 +95,10 @@ def _scaled(q: jax.Array, scale: float) -> jax.Array:
     return (q.astype(jnp.float32) * scale).astype(q.dtype)
 
 
+def _power_of_two(x: float) -> bool:
+    return x > 0 and math.frexp(x)[0] == 0.5
+
+
 def _div(a, b: int):
     """a // b for the non-negative indices of a kernel (its lowering has no signed floor)."""
     return jax.lax.div(a, b)
@@ -102,6 +107,12 @@ def _div(a, b: int):
 def _lanes(x: jax.Array, width: int) -> jax.Array:
     """[rows, 128] (a statistic repeated over the lanes) -> [rows, width]."""
     return x if width == _LANES else jnp.tile(x, (1, width // _LANES))
+
+
+def _split_diagonal(rows: int, cols: int, ablate: frozenset[str]) -> bool:
+    """Whether a diagonal pair of square tiles runs as two steps that leave out its upper right
+    quarter, which the causal mask rules out whole (halves of a multiple of 128 lanes)."""
+    return rows == cols and rows % (2 * _LANES) == 0 and "no_split" not in ablate
 
 
 # ----------------------------------------------------------------------------- forward
@@ -146,32 +157,44 @@ def _forward_kernel(
     l_ref[...] = jnp.zeros_like(l_ref)
     acc_ref[...] = jnp.zeros_like(acc_ref)
     d = acc_ref.shape[-1]
+    split = _split_diagonal(bq, bc, ablate)
+
+    def pair(first, segments: bool, on_diagonal: bool, row0=0, rows=bq, key0=0, keys=bc):
+        """One step: queries [row0, row0 + rows) of the tile against the keys from
+        first + key0 (static sizes)."""
+        r, kk = pl.ds(row0, rows), pl.ds(first + key0, keys)
+        s = _dot(q_scaled_ref[r, :], k_ref[kk, :], (1, 1))  # [rows, keys]
+        if "no_mask" not in ablate:
+            same = None
+            if segments:
+                same = _lanes(q_seg_ref[r, :], keys) == kv_seg_ref[:, kk]
+            s = _masked(s, same, on_diagonal, q_first + row0, first + key0, query_axis=0)
+        m_prev = m_ref[r, :]
+        m_next = jnp.maximum(m_prev, jnp.max(s, axis=1, keepdims=True))  # [rows, 128]
+        if "no_exp" in ablate:
+            p, alpha = s - _lanes(m_next, keys), m_prev - m_next
+        else:
+            p = jnp.exp(s - _lanes(m_next, keys))
+            alpha = jnp.exp(m_prev - m_next)
+        l_ref[r, :] = alpha * l_ref[r, :] + jnp.sum(p, axis=1, keepdims=True)
+        m_ref[r, :] = m_next
+        if "no_pv" in ablate:
+            acc_ref[r, :] = acc_ref[r, :] * alpha[:, :d]
+            return
+        pv = _dot(p.astype(v_ref.dtype), v_ref[kk, :], (1, 0))  # [rows, D]
+        acc_ref[r, :] = acc_ref[r, :] * alpha[:, :d] + pv
 
     def chunk(c, on_diagonal: bool):
         first = pl.multiple_of(c * bc, bc)
 
         def step(segments: bool):
-            k = k_ref[pl.ds(first, bc), :]
-            s = _dot(q_scaled_ref[...], k, (1, 1))  # [bq, bc]
-            if "no_mask" not in ablate:
-                same = None
-                if segments:
-                    same = _lanes(q_seg_ref[...], bc) == kv_seg_ref[:, pl.ds(first, bc)]
-                s = _masked(s, same, on_diagonal, q_first, first, query_axis=0)
-            m_prev = m_ref[...]
-            m_next = jnp.maximum(m_prev, jnp.max(s, axis=1, keepdims=True))  # [bq, 128]
-            if "no_exp" in ablate:
-                p, alpha = s - _lanes(m_next, bc), m_prev - m_next
+            if on_diagonal and split:
+                # The diagonal's upper right quarter is all masked: two steps leave it out,
+                # on rows of their own (no step waits for the other's statistics).
+                pair(first, segments, True, rows=bq // 2, keys=bc // 2)
+                pair(first, segments, True, bq // 2, bq // 2)
             else:
-                p = jnp.exp(s - _lanes(m_next, bc))
-                alpha = jnp.exp(m_prev - m_next)
-            l_ref[...] = alpha * l_ref[...] + jnp.sum(p, axis=1, keepdims=True)
-            m_ref[...] = m_next
-            if "no_pv" in ablate:
-                acc_ref[...] = acc_ref[...] * alpha[:, :d]
-                return
-            pv = _dot(p.astype(v_ref.dtype), v_ref[pl.ds(first, bc), :], (1, 0))  # [bq, D]
-            acc_ref[...] = acc_ref[...] * alpha[:, :d] + pv
+                pair(first, segments, on_diagonal)
 
         mixed = mixed_ref[(n_ * pl.num_programs(2) + i) * (k_ref.shape[0] // bc) + c]
         pl.when(mixed == 0)(functools.partial(step, False))
@@ -261,6 +284,7 @@ def _backward_kernel(
     dq_acc,  # scratch [G, T, D] float32: dq summed over the key tiles
     dk_acc,  # scratch [bk, D] float32
     dv_acc,  # scratch [bk, D] float32
+    k_scaled_ref,  # scratch [bk, D]: k x scale (a power of two), else unused
     *,
     bq: int,
     bk: int,
@@ -277,28 +301,49 @@ def _backward_kernel(
 
     dk_acc[...] = jnp.zeros_like(dk_acc)
     dv_acc[...] = jnp.zeros_like(dv_acc)
+    split = _split_diagonal(bq, bk, ablate)
+    # A power-of-two scale goes on the key tile, once per grid step, instead of on every query
+    # chunk (a float32 pass per step): scale·(k·qᵀ) and scale·(ds·k) come out bit for bit the
+    # same either way, and dk takes the factor at the end.
+    scale_keys = _power_of_two(scale) and "scale_queries" not in ablate
+    if scale_keys:
+        k_scaled_ref[...] = _scaled(k_ref[...], scale)
+
+    def pair(head, first, segments: bool, on_diagonal: bool, key0=0, keys=bk, row0=0, rows=bq):
+        """One step: the tile's keys [key0, key0 + keys) against the queries from
+        first + row0 (static sizes)."""
+        kr, qr = pl.ds(key0, keys), pl.ds(first + row0, rows)
+        if scale_keys:
+            q, k = q_ref[head, qr, :], k_scaled_ref[kr, :]
+        else:
+            q, k = _scaled(q_ref[head, qr, :], scale), k_ref[kr, :]
+        v, do = v_ref[kr, :], do_ref[head, qr, :]
+        s = _dot(k, q, (1, 1))  # [keys, rows]: keys in sublanes, queries in lanes
+        if "no_mask" not in ablate:
+            same = None
+            if segments:
+                same = _lanes(kv_seg_ref[kr, :], rows) == q_seg_ref[:, qr]
+            s = _masked(s, same, on_diagonal, first + row0, k_first + key0, query_axis=1)
+        lse = lse_ref[head, :, qr]  # [1, rows]
+        p = s - lse if "no_exp" in ablate else jnp.exp(s - lse)  # [keys, rows]
+        dv_acc[kr, :] += _dot(p.astype(do.dtype), do, (1, 0))
+        dp = _dot(v, do, (1, 1))  # [keys, rows]
+        ds = (p * (dp - di_ref[head, :, qr])).astype(q.dtype)
+        dk_acc[kr, :] += _dot(ds, q, (1, 0))
+        if "no_dq" not in ablate:
+            dq_acc[head, qr, :] += _dot(ds, k, (0, 0))  # [rows, D]
 
     def chunk(head, c, on_diagonal: bool):
         first = pl.multiple_of(c * bq, bq)
-        rows = pl.ds(first, bq)
 
         def step(segments: bool):
-            q, k, v = _scaled(q_ref[head, rows, :], scale), k_ref[...], v_ref[...]
-            do = do_ref[head, rows, :]
-            s = _dot(k, q, (1, 1))  # [bk, bq]: keys in sublanes, queries in lanes
-            if "no_mask" not in ablate:
-                same = None
-                if segments:
-                    same = _lanes(kv_seg_ref[...], bq) == q_seg_ref[:, rows]
-                s = _masked(s, same, on_diagonal, first, k_first, query_axis=1)
-            lse = lse_ref[head, :, rows]  # [1, bq]
-            p = s - lse if "no_exp" in ablate else jnp.exp(s - lse)  # [bk, bq]
-            dv_acc[...] += _dot(p.astype(do.dtype), do, (1, 0))
-            dp = _dot(v, do, (1, 1))  # [bk, bq]
-            ds = (p * (dp - di_ref[head, :, rows])).astype(q.dtype)
-            dk_acc[...] += _dot(ds, q, (1, 0))
-            if "no_dq" not in ablate:
-                dq_acc[head, rows, :] += _dot(ds, k, (0, 0))  # [bq, D]
+            if on_diagonal and split:
+                # The diagonal's all-masked quarter (the tile's last keys, the chunk's first
+                # queries) left out: two steps.
+                pair(head, first, segments, True, keys=bk // 2)
+                pair(head, first, segments, True, bk // 2, bk // 2, bq // 2, bq // 2)
+            else:
+                pair(head, first, segments, on_diagonal)
 
         mixed = mixed_ref[(n_ * (t // bq) + c) * pl.num_programs(2) + j]
         pl.when(mixed == 0)(functools.partial(step, False))
@@ -314,13 +359,15 @@ def _backward_kernel(
         jax.lax.fori_loop(after, t // bq, lambda c, _: chunk(head, c, False), None)
 
     jax.lax.fori_loop(0, groups, head_loop, None)
-    dk_ref[...] = dk_acc[...].astype(dk_ref.dtype)
+    # The gradients of q and k, not of the scaled one the products took.
+    dk = dk_acc[...] * scale if scale_keys else dk_acc[...]
+    dk_ref[...] = dk.astype(dk_ref.dtype)
     dv_ref[...] = dv_acc[...].astype(dv_ref.dtype)
 
     @pl.when(j == pl.num_programs(2) - 1)
     def _write_dq():
-        # The gradient of q, not of the scaled q the products took.
-        dq_ref[...] = (dq_acc[...] * scale).astype(dq_ref.dtype)
+        dq = dq_acc[...] if scale_keys else dq_acc[...] * scale
+        dq_ref[...] = dq.astype(dq_ref.dtype)
 
 
 def _backward(
@@ -362,6 +409,7 @@ def _backward(
             pltpu.VMEM((groups, t, d), jnp.float32),
             pltpu.VMEM((bk, d), jnp.float32),
             pltpu.VMEM((bk, d), jnp.float32),
+            pltpu.VMEM((bk, d), k.dtype),
         ],
     )
     dq, dk, dv = pl.pallas_call(
