@@ -13,7 +13,8 @@ kernels' device time ("kernel_ms", the profile's attention-kernel ops per call).
 - flash (rewardax's `flash_attention`, forward + backward) at three tilings; flash forward and
   flash backward (rewardax's `flash_attention`, each alone) at a few tiles,
   then ablations at the first tiling (`flash_attention._forward`'s and `_backward`'s
-  ``ablate``): no mask, no exp, no p·v; backward: no mask, no exp, no dq. An ablated kernel
+  ``ablate``): no diagonal split, split down to 128, the scale on the queries, no mask, no exp,
+  no p·v; backward: no split, split to 128, scale on the queries, no dq. An ablated kernel
   does not compute attention; the time it saves is what that part costs.
 
 Usage: python benchmarks/attention_ablation.py [--budget-s S] [--out DIR] [--tiny]
@@ -63,24 +64,19 @@ SPLASH_VARIANTS = [  # name, changes
     ("dq kernel apart", {"fused": False}),
 ]
 # (query tile, key chunk): the forward's; (query chunk, key tile): the backward's.
-FLASH_TILES = [(512, 512, 512, 512), (1024, 512, 512, 512), (512, 512, 512, 1024)]
-FLASH_FORWARD_TILES = [(512, 512), (1024, 512), (512, 256), (256, 512), (1024, 1024)]
+FLASH_TILES = [(1024, 1024, 512, 512), (512, 512, 512, 512)]
+FLASH_FORWARD_TILES = [(1024, 1024), (512, 512), (1024, 512)]
 FORWARD_ABLATIONS = [
     ("no_split",),
+    ("split_128",),
+    ("scale_queries",),
     ("no_mask",),
     ("no_exp",),
     ("no_pv",),
     ("no_mask", "no_exp", "no_pv"),
 ]
-FLASH_BACKWARD_TILES = [(512, 512), (512, 1024), (1024, 512), (256, 512), (512, 256)]
-BACKWARD_ABLATIONS = [
-    ("no_split",),
-    ("scale_queries",),
-    ("no_mask",),
-    ("no_exp",),
-    ("no_dq",),
-    ("no_mask", "no_exp", "no_dq"),
-]
+FLASH_BACKWARD_TILES = [(512, 512), (1024, 1024)]
+BACKWARD_ABLATIONS = [("no_split",), ("split_128",), ("scale_queries",), ("no_dq",)]
 
 
 def kernel_ms(fn, args: tuple, calls: int) -> tuple[float | None, dict]:

@@ -114,6 +114,7 @@ KERNELS = [
     ("splash fused backward (model tiles)", "splash_mha_dkv", _splash(True), QKVS),
     ("flash forward 512 x 512", "flash_forward", _flash_forward(512, 512), QKVS),
     ("flash forward 1024 x 512", "flash_forward", _flash_forward(1024, 512), QKVS),
+    ("flash forward 1024 x 1024", "flash_forward", _flash_forward(1024, 1024), QKVS),
     ("flash backward 512 x 512", "flash_backward", _flash_backward(512, 512), RESIDUALS),
     (
         "flash backward 512 x 1024 (queries x keys)",

@@ -372,7 +372,7 @@ TINY_JOBS = [
 ATTENTION_SHAPES = [(16, 2048), (2, 2048), (64, 512)]
 # rewardax's own kernels (`flash_attention`) in `--set attention`: `Kernels.flash` tiles; all
 # at the first shape, the first at the others.
-ATTENTION_FLASH_TILES = [(512, 512, 512, 512), (1024, 512, 512, 512)]
+ATTENTION_FLASH_TILES = [(1024, 1024, 512, 512), (512, 512, 512, 512)]
 # Splash tiles tried in the attention benchmark: (block_q, block_kv, fused backward).
 SPLASH_TILES = [(512, 512, False), (1024, 1024, False), (512, 512, True)]
 # `--set tune`: (block_q, block_kv, block_kv_compute, bwd_block_q, bwd_block_kv), fused backward.

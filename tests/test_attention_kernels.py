@@ -133,8 +133,10 @@ def test_splash_attention_matches_cpu_attention_float32(layout, t):
 # rewardax's flash kernels' tiles here: forward query tile and key chunk, backward query chunk
 # and key tile (unequal, so that a tile mix-up shows).
 FLASH_TILES = (128, 256, 256, 128)
-# Square tiles of 256: the diagonal's pairs run as two steps (`flash_attention._split_diagonal`).
+# Square tiles: the diagonal's blocks run as steps that leave out their all-masked quarter
+# (`flash_attention._split_diagonal`, here down to halves of 128): 256, split once; 512, twice.
 SPLIT_TILES = (256, 256, 256, 256)
+SPLIT_TWICE_TILES = (512, 512, 512, 512)
 
 
 # scale: 1/8 (1/sqrt(D)) puts the scale on the backward's key tiles, 0.1 (not a power of two)
@@ -149,10 +151,14 @@ SPLIT_TILES = (256, 256, 256, 256)
         ("packed", jnp.bfloat16, FLASH_TILES, 0.125),
         ("packed", jnp.float32, SPLIT_TILES, 0.1),
         pytest.param("right_padded", jnp.bfloat16, SPLIT_TILES, 0.125, marks=pytest.mark.slow),
+        pytest.param("packed", jnp.bfloat16, SPLIT_TWICE_TILES, 0.125, marks=pytest.mark.slow),
     ],
 )
-def test_flash_attention_matches_cpu_attention(layout, dtype, tiles, scale):
-    t = 384
+def test_flash_attention_matches_cpu_attention(layout, dtype, tiles, scale, monkeypatch):
+    from rewardax.models import flash_attention
+
+    monkeypatch.setattr(flash_attention, "_SPLIT_MIN_HALF", 128)
+    t = 384 if max(tiles) <= 256 else 1024
     q, k, v, cot = _inputs(t, dtype, seed=4)
     seg = jnp.asarray(_segments(layout, t))
     got = _value_and_grads(

@@ -95,10 +95,6 @@ def _scaled(q: jax.Array, scale: float) -> jax.Array:
     return (q.astype(jnp.float32) * scale).astype(q.dtype)
 
 
-def _power_of_two(x: float) -> bool:
-    return x > 0 and math.frexp(x)[0] == 0.5
-
-
 def _div(a, b: int):
     """a // b for the non-negative indices of a kernel (its lowering has no signed floor)."""
     return jax.lax.div(a, b)
@@ -109,10 +105,21 @@ def _lanes(x: jax.Array, width: int) -> jax.Array:
     return x if width == _LANES else jnp.tile(x, (1, width // _LANES))
 
 
-def _split_diagonal(rows: int, cols: int, ablate: frozenset[str]) -> bool:
-    """Whether a diagonal pair of square tiles runs as two steps that leave out its upper right
-    quarter, which the causal mask rules out whole (halves of a multiple of 128 lanes)."""
-    return rows == cols and rows % (2 * _LANES) == 0 and "no_split" not in ablate
+# Diagonal blocks are split down to halves of this many tokens (`_split_diagonal`).
+_SPLIT_MIN_HALF = 256
+
+
+def _split_diagonal(size: int, ablate: frozenset[str]) -> bool:
+    """Whether a diagonal block of ``size`` queries x ``size`` keys runs as two steps that leave
+    out its upper right quarter, which the causal mask rules out whole."""
+    half, smallest = size // 2, _LANES if "split_128" in ablate else _SPLIT_MIN_HALF
+    return size % 2 == 0 and half % _LANES == 0 and half >= smallest and "no_split" not in ablate
+
+
+def _scale_keys(scale: float, ablate: frozenset[str]) -> bool:
+    """Whether a kernel puts the scale on the keys instead of the queries: a power of two only,
+    so that the factor changes no rounding (scale·(q·kᵀ) the same either way)."""
+    return scale > 0 and math.frexp(scale)[0] == 0.5 and "scale_queries" not in ablate
 
 
 # ----------------------------------------------------------------------------- forward
@@ -143,69 +150,91 @@ def _forward_kernel(
     m_ref,  # scratch [bq, 128] float32: running max
     l_ref,  # scratch [bq, 128] float32: running sum
     acc_ref,  # scratch [bq, D] float32
-    q_scaled_ref,  # scratch [bq, D]: q x scale
+    scaled_ref,  # scratch: k x scale [T, D] (a power of two), else q x scale [bq, D]
     *,
     bq: int,
     bc: int,
     scale: float,
+    groups: int,
     ablate: frozenset[str] = frozenset(),
 ):
-    n_, i = pl.program_id(0), pl.program_id(2)
+    n_, h_, i = pl.program_id(0), pl.program_id(1), pl.program_id(2)
     q_first = i * bq
-    q_scaled_ref[...] = _scaled(q_ref[...], scale)
-    m_ref[...] = jnp.full_like(m_ref, _MASKED)
-    l_ref[...] = jnp.zeros_like(l_ref)
-    acc_ref[...] = jnp.zeros_like(acc_ref)
     d = acc_ref.shape[-1]
-    split = _split_diagonal(bq, bc, ablate)
+    if _scale_keys(scale, ablate):
+        # Once per row and key/value head (its group's first query head, first tile; the grid
+        # runs in order): scale·(q·kᵀ) is the same bit for bit with the factor on k.
+        @pl.when((jax.lax.rem(h_, groups) == 0) & (i == 0))
+        def _scale_keys_once():
+            scaled_ref[...] = _scaled(k_ref[...], scale)
 
-    def pair(first, segments: bool, on_diagonal: bool, row0=0, rows=bq, key0=0, keys=bc):
+        q_tile, keys_ref = q_ref, scaled_ref
+    else:
+        scaled_ref[...] = _scaled(q_ref[...], scale)
+        q_tile, keys_ref = scaled_ref, k_ref
+
+    def pair(first, segments, on_diagonal, initial, row0=0, rows=bq, key0=0, keys=bc):
         """One step: queries [row0, row0 + rows) of the tile against the keys from
-        first + key0 (static sizes)."""
+        first + key0 (static sizes); ``initial``: the rows' first step (it sets their
+        statistics instead of updating them)."""
         r, kk = pl.ds(row0, rows), pl.ds(first + key0, keys)
-        s = _dot(q_scaled_ref[r, :], k_ref[kk, :], (1, 1))  # [rows, keys]
+        s = _dot(q_tile[r, :], keys_ref[kk, :], (1, 1))  # [rows, keys]
         if "no_mask" not in ablate:
             same = None
             if segments:
                 same = _lanes(q_seg_ref[r, :], keys) == kv_seg_ref[:, kk]
             s = _masked(s, same, on_diagonal, q_first + row0, first + key0, query_axis=0)
-        m_prev = m_ref[r, :]
-        m_next = jnp.maximum(m_prev, jnp.max(s, axis=1, keepdims=True))  # [rows, 128]
-        if "no_exp" in ablate:
-            p, alpha = s - _lanes(m_next, keys), m_prev - m_next
-        else:
-            p = jnp.exp(s - _lanes(m_next, keys))
-            alpha = jnp.exp(m_prev - m_next)
-        l_ref[r, :] = alpha * l_ref[r, :] + jnp.sum(p, axis=1, keepdims=True)
+        m_next = jnp.broadcast_to(jnp.max(s, axis=1, keepdims=True), (rows, _LANES))
+        if not initial:
+            m_prev = m_ref[r, :]
+            m_next = jnp.maximum(m_prev, m_next)
+        exp = (lambda x: x) if "no_exp" in ablate else jnp.exp
+        p = exp(s - _lanes(m_next, keys))
         m_ref[r, :] = m_next
-        if "no_pv" in ablate:
-            acc_ref[r, :] = acc_ref[r, :] * alpha[:, :d]
+        pv = None
+        if "no_pv" not in ablate:
+            pv = _dot(p.astype(v_ref.dtype), v_ref[kk, :], (1, 0))  # [rows, D]
+        if initial:
+            l_ref[r, :] = jnp.broadcast_to(jnp.sum(p, axis=1, keepdims=True), (rows, _LANES))
+            acc_ref[r, :] = jnp.zeros((rows, d), jnp.float32) if pv is None else pv
             return
-        pv = _dot(p.astype(v_ref.dtype), v_ref[kk, :], (1, 0))  # [rows, D]
-        acc_ref[r, :] = acc_ref[r, :] * alpha[:, :d] + pv
+        alpha = exp(m_prev - m_next)
+        l_ref[r, :] = alpha * l_ref[r, :] + jnp.sum(p, axis=1, keepdims=True)
+        acc_ref[r, :] = acc_ref[r, :] * alpha[:, :d] + (0.0 if pv is None else pv)
 
-    def chunk(c, on_diagonal: bool):
+    def diagonal(first, segments, initial, size):
+        """The tile's rows [0, size) against the keys first + [0, size), first == q_first."""
+        if not _split_diagonal(size, ablate):
+            pair(first, segments, True, initial, rows=size, keys=size)
+            return
+        # The upper right quarter is all masked: the first half of the rows against the first
+        # half of the keys (split again), then the second half against all (rows of their
+        # own: no step waits for the other's statistics).
+        diagonal(first, segments, initial, size // 2)
+        pair(first, segments, True, initial, size // 2, size // 2, 0, size)
+
+    def chunk(c, on_diagonal: bool, initial: bool = False):
         first = pl.multiple_of(c * bc, bc)
 
         def step(segments: bool):
-            if on_diagonal and split:
-                # The diagonal's upper right quarter is all masked: two steps leave it out,
-                # on rows of their own (no step waits for the other's statistics).
-                pair(first, segments, True, rows=bq // 2, keys=bc // 2)
-                pair(first, segments, True, bq // 2, bq // 2)
+            if on_diagonal and bq == bc:
+                diagonal(first, segments, initial, bq)
             else:
-                pair(first, segments, on_diagonal)
+                pair(first, segments, on_diagonal, initial)
 
         mixed = mixed_ref[(n_ * pl.num_programs(2) + i) * (k_ref.shape[0] // bc) + c]
         pl.when(mixed == 0)(functools.partial(step, False))
         pl.when(mixed != 0)(functools.partial(step, True))
 
     # Key chunks wholly at or before the tile's first query need no causal mask; the chunks
-    # after them, up to the tile's last query, do.
+    # after them, up to the tile's last query, do. Chunk 0, the first of one or the other,
+    # sets the statistics.
     before = _div(q_first + 1, bc)
     through = _div(q_first + bq + bc - 1, bc)
-    jax.lax.fori_loop(0, before, lambda c, _: chunk(c, False), None)
-    jax.lax.fori_loop(before, through, lambda c, _: chunk(c, True), None)
+    pl.when(before > 0)(lambda: chunk(0, False, initial=True))
+    pl.when(before == 0)(lambda: chunk(0, True, initial=True))
+    jax.lax.fori_loop(1, before, lambda c, _: chunk(c, False), None)
+    jax.lax.fori_loop(jnp.maximum(before, 1), through, lambda c, _: chunk(c, True), None)
     total = l_ref[...]
     o_ref[...] = (acc_ref[...] / total[:, :d]).astype(o_ref.dtype)
     lse = m_ref[...] + jnp.log(total)  # [bq, 128], every lane the same
@@ -226,7 +255,9 @@ def _forward(q, k, v, seg, tiles: FlashTiles, interpret: bool, scale=1.0, ablate
     mixed = _mixed_tiles(seg, bq, bc)
     q_seg = jnp.broadcast_to(seg[:, :, None], (n, t, _LANES))
     kv_seg = seg[:, None, :]
-    kernel = functools.partial(_forward_kernel, bq=bq, bc=bc, scale=scale, ablate=ablate)
+    kernel = functools.partial(
+        _forward_kernel, bq=bq, bc=bc, scale=scale, groups=groups, ablate=ablate
+    )
     grid_spec = pltpu.PrefetchScalarGridSpec(
         num_scalar_prefetch=1,
         grid=(n, h, t // bq),
@@ -245,7 +276,7 @@ def _forward(q, k, v, seg, tiles: FlashTiles, interpret: bool, scale=1.0, ablate
             pltpu.VMEM((bq, _LANES), jnp.float32),
             pltpu.VMEM((bq, _LANES), jnp.float32),
             pltpu.VMEM((bq, d), jnp.float32),
-            pltpu.VMEM((bq, d), q.dtype),
+            pltpu.VMEM((t, d) if _scale_keys(scale, ablate) else (bq, d), q.dtype),
         ],
     )
     o, lse = pl.pallas_call(
@@ -257,7 +288,8 @@ def _forward(q, k, v, seg, tiles: FlashTiles, interpret: bool, scale=1.0, ablate
             jax.ShapeDtypeStruct((n, h, 1, t), jnp.float32),
         ],
         compiler_params=pltpu.CompilerParams(
-            dimension_semantics=("parallel", "parallel", "parallel"),
+            # In order over a row's heads and tiles: the keys are scaled at a group's first.
+            dimension_semantics=("parallel", "arbitrary", "arbitrary"),
             vmem_limit_bytes=_forward_vmem_bytes(t, d, bq, bc),
         ),
         interpret=interpret,
@@ -301,11 +333,10 @@ def _backward_kernel(
 
     dk_acc[...] = jnp.zeros_like(dk_acc)
     dv_acc[...] = jnp.zeros_like(dv_acc)
-    split = _split_diagonal(bq, bk, ablate)
     # A power-of-two scale goes on the key tile, once per grid step, instead of on every query
     # chunk (a float32 pass per step): scale·(k·qᵀ) and scale·(ds·k) come out bit for bit the
     # same either way, and dk takes the factor at the end.
-    scale_keys = _power_of_two(scale) and "scale_queries" not in ablate
+    scale_keys = _scale_keys(scale, ablate)
     if scale_keys:
         k_scaled_ref[...] = _scaled(k_ref[...], scale)
 
@@ -336,12 +367,21 @@ def _backward_kernel(
     def chunk(head, c, on_diagonal: bool):
         first = pl.multiple_of(c * bq, bq)
 
+        def diagonal(segments: bool, offset: int, size: int):
+            """The tile's keys [offset, offset + size) against the queries first + the same,
+            first == k_first."""
+            if not _split_diagonal(size, ablate):
+                pair(head, first, segments, True, offset, size, offset, size)
+                return
+            # The upper right quarter (the last keys, the first queries) is all masked: the
+            # first half of the keys against all the queries, then the second half against the
+            # second half (split again).
+            pair(head, first, segments, True, offset, size // 2, offset, size)
+            diagonal(segments, offset + size // 2, size // 2)
+
         def step(segments: bool):
-            if on_diagonal and split:
-                # The diagonal's all-masked quarter (the tile's last keys, the chunk's first
-                # queries) left out: two steps.
-                pair(head, first, segments, True, keys=bk // 2)
-                pair(head, first, segments, True, bk // 2, bk // 2, bq // 2, bq // 2)
+            if on_diagonal and bq == bk:
+                diagonal(segments, 0, bk)
             else:
                 pair(head, first, segments, on_diagonal)
 
@@ -445,7 +485,7 @@ def _backward(
 def _forward_vmem_bytes(t: int, d: int, bq: int, bc: int) -> int:
     lanes = max(d, _LANES)
     blocks = 2 * t * lanes * 2 + 8 * t * 4 + bq * _LANES * 4 + 2 * bq * lanes * 2 + 8 * bq * 4
-    scratch = 2 * bq * _LANES * 4 + bq * lanes * 4
+    scratch = 2 * bq * _LANES * 4 + bq * lanes * 4 + t * lanes * 4
     return 2 * blocks + scratch + 8 * bq * bc * 4 + (4 << 20)
 
 
