@@ -347,17 +347,17 @@ INDEXED_JOBS = [
     for shape, t, pairs, mb in AUTO_CHOICES
     for tiles in (SCANNED, None)
 ]
-# `--set flash`: rewardax's own attention kernels (`Kernels.flash`) against splash in the
-# model, at `auto`'s settings (as `--set indexed`) and at 1.5B's (bf16 parameters, 2 pairs,
-# remat full: 63.7% with splash). 2026-12-07 seventh session: flash faster at every shape.
-FLASH = dict(flash=FLASH_TILES)
+# `--set flash`: rewardax's own attention kernels (`Kernels.flash`, a TPU's default since
+# 2026-12-08) against splash in the model, at `auto`'s settings (as `--set indexed`) and at
+# 1.5B's (bf16 parameters, 2 pairs, remat full).
+SPLASH = dict(flash=None)
 FLASH_JOBS = [
     Job(shape, t, "pallas", (pairs,), remat="save_attention_mlp", microbatches=mb, tiles=tiles)
     for shape, t, pairs, mb in AUTO_CHOICES
-    for tiles in (None, FLASH)
+    for tiles in (SPLASH, None)
 ] + [
     Job("qwen2.5-1.5b", 2048, "pallas", (2,), param_dtype="bfloat16", remat="full", tiles=tiles)
-    for tiles in (None, FLASH)
+    for tiles in (SPLASH, None)
 ]
 TINY_JOBS = [
     Job("qwen2.5-0.5b", 256, "pallas", (4, 2)),
@@ -372,7 +372,7 @@ TINY_JOBS = [
 ATTENTION_SHAPES = [(16, 2048), (2, 2048), (64, 512)]
 # rewardax's own kernels (`flash_attention`) in `--set attention`: `Kernels.flash` tiles; all
 # at the first shape, the first at the others.
-ATTENTION_FLASH_TILES = [(1024, 1024, 512, 512), (512, 512, 512, 512)]
+ATTENTION_FLASH_TILES = [FLASH_TILES, (512, 512, 512, 512)]
 # Splash tiles tried in the attention benchmark: (block_q, block_kv, fused backward).
 SPLASH_TILES = [(512, 512, False), (1024, 1024, False), (512, 512, True)]
 # `--set tune`: (block_q, block_kv, block_kv_compute, bwd_block_q, bwd_block_kv), fused backward.

@@ -28,6 +28,7 @@ from rewardax.models.kernels import (
     traced_under,
     xla_attention,
 )
+from rewardax.models.kernels import FLASH_TILES as TPU_FLASH_TILES
 from rewardax.models.pallas_attention import splash_attention
 from rewardax.models.transformer import attend, attention_mask
 
@@ -388,6 +389,16 @@ def test_xla_attention_matches_cpu_attention(dtype, layout):
     _assert_close(got, want, dtype)
 
 
+def test_flash_tiles_fit_the_row():
+    from rewardax.models.pallas_attention import flash_tiles
+
+    assert flash_tiles(TPU_FLASH_TILES, 2048) == (1024,) * 4
+    assert flash_tiles(TPU_FLASH_TILES, 3000) == (1024,) * 4  # 3072 either way
+    assert flash_tiles(TPU_FLASH_TILES, 1536) == (512,) * 4  # not 1024s padding to 2048
+    assert flash_tiles(TPU_FLASH_TILES, 300) == (384,) * 4  # a short row's own length
+    assert flash_tiles((512, 1024, 256, 512), 1100) == (512, 512, 256, 512)
+
+
 def test_select_kernels_by_backend_and_override():
     cpu, tpu, gpu = (select_kernels("auto", b) for b in ("cpu", "tpu", "cuda"))
     assert (cpu.attention, cpu.written_projection_backward) == ("cpu_blocked", True)
@@ -397,8 +408,9 @@ def test_select_kernels_by_backend_and_override():
         False,
     )
     assert (gpu.attention, gpu.written_projection_backward) == ("xla", False)
-    # rewardax's flash kernels are opt-in (`Kernels.flash`); splash is every backend's default
-    assert (tpu.flash, select_kernels("pallas", "cpu").flash) == (None, None)
+    # rewardax's flash kernels on a TPU (`Kernels.flash`); pallas in interpret mode off a TPU
+    # runs splash unless a test asks for flash
+    assert (tpu.flash, select_kernels("pallas", "cpu").flash) == (TPU_FLASH_TILES, None)
     # XLA:TPU sums bf16 reductions in float32 by itself (`Kernels.float32_sums`)
     assert (cpu.float32_sums, tpu.float32_sums, gpu.float32_sums) == (True, False, True)
     assert select_kernels("pallas", "cpu").float32_sums

@@ -192,9 +192,12 @@ def test_alternatives_each_lower_one_thing():
         ("train.per_device_train_batch_size=3", "train.gradient_accumulation_steps=6"),
     ]
     offload = ("model.remat_policy=offload_attention",)
-    config.model.remat_policy = "full"  # offloading keeps a little less than full's memory
-    assert alternatives(config, 8)[0] == offload  # splash attention: kernels auto on a TPU
-    config.data.layout = "shared_prompt"  # splash runs the branch mask too
+    config.model.remat_policy = "full"
+    # Padded rows run rewardax's flash kernels on a TPU, where offloading needs more memory
+    # than full (test_offloaded_attention_residuals_leave_the_chip_for_host_memory) ...
+    assert offload not in alternatives(config, 8)
+    # ... the branch mask runs splash, where offloading keeps a little less than full's memory.
+    config.data.layout = "shared_prompt"
     assert alternatives(config, 8)[0] == offload
     config.data.layout = "padded"
     config.model.kernels = "xla"  # no splash kernel, no residuals to offload
@@ -235,8 +238,12 @@ def test_offloaded_state_and_parameters_leave_the_chip_for_host_memory(shape_dir
 
 
 def test_offloaded_attention_residuals_leave_the_chip_for_host_memory(tmp_path):
-    """remat offload_attention: the splash kernel's residuals go to host memory, so the chip
-    holds what it holds with `full` and the host what `save_attention` keeps on the chip.
+    """remat offload_attention: the attention kernels' residuals go to host memory, so the
+    host holds what `save_attention` keeps on the chip, and the chip about what it holds with
+    `full`: with splash 294.8 MB of temporaries against full's 317.4, with rewardax's flash
+    kernels (a TPU's padded rows since 2026-12-08) 304.6 against 285.8 (flash's full needs
+    31.6 MB less than splash's, its offload 9.8 MB more, in buffers not tied to one array):
+    within one layer's residuals (25.4 MB here) of full, and so not offered by `plan`.
 
     The model has more layers than `transformer.UNROLLED_MAX_LAYERS`, so that every policy runs
     the layers as the same loop (offload_attention always does): with `ARCH`'s 4 layers `full`
@@ -260,13 +267,13 @@ def test_offloaded_attention_residuals_leave_the_chip_for_host_memory(tmp_path):
         for policy in ("full", "save_attention", "offload_attention")
     }
     full, saved, offloaded = memory["full"], memory["save_attention"], memory["offload_attention"]
-    assert full["host"] == saved["host"] == 0
-    assert offloaded["temporaries"] <= 1.02 * full["temporaries"]
-    assert saved["temporaries"] > full["temporaries"] + 0.5 * offloaded["host"]
     # Per layer: q and the output [rows, heads, length, head_dim], k and v [rows, kv_heads, ...]
     # in bf16, the log-sum-exp in float32; up to twice that, where the 64-wide heads are laid
     # out in the TPU's 128-wide tiles (`Kernels.dense_residuals` off, the default).
     residuals = layers * rows * length * (2 * (heads + kv_heads) * head_dim * 2 + heads * 4)
+    assert full["host"] == saved["host"] == 0
+    assert offloaded["temporaries"] <= full["temporaries"] + residuals / layers
+    assert saved["temporaries"] > full["temporaries"] + 0.5 * offloaded["host"]
     assert residuals <= offloaded["host"] <= 2.1 * residuals, (offloaded["host"], residuals)
 
 
@@ -301,7 +308,9 @@ def test_accumulated_steps_keep_no_dense_embedding_gradient_per_microbatch(tmp_p
     before = summary(run_plan(*common, prelude=BF16_LOOKUP))["hbm_bytes"]
     assert now["arguments"] == before["arguments"]
     saved = before["temporaries"] - now["temporaries"]
-    assert saved >= vocab * hidden * 2, (now, before)
+    # One bf16 [vocab, hidden] buffer, to within what other buffers shift at the peak: with
+    # splash 67,173,376 bytes saved, with flash (2026-12-08) 67,075,072, 33 KB (0.05%) short.
+    assert saved >= 0.999 * vocab * hidden * 2, (now, before)
 
 
 BY_VALUE = """

@@ -510,9 +510,9 @@ def _same_auto(other: RewardConfig, resolved: RewardConfig) -> RewardConfig:
 def alternatives(config: RewardConfig, devices: int) -> list[tuple[str, ...]]:
     """Settings that lower a job's memory per chip, one change each, the cheapest in speed first:
     remat of every block; once remat is `full`, the splash attention kernel's residuals kept in
-    host memory instead (`offload_attention`: 2-3% less HBM than `full`, for steps 1.12-1.46x
-    `full`'s on a v5e chip, benchmarks/results/tpu_v5e_2026-12-06c_offload_attention.md, so
-    never offered over `full`; not with kernels that run no splash attention); the data-parallel devices turned into fsdp (parameters and optimizer
+    host memory instead (`offload_attention`: 2-3% less HBM than `full` with splash, for steps
+    1.12-1.46x `full`'s on a v5e chip, benchmarks/results/tpu_v5e_2026-12-06c_offload_attention.md,
+    so never offered over `full`; only where splash runs the attention); the data-parallel devices turned into fsdp (parameters and optimizer
     state split across them), the optimizer state in host memory, the float32 parameters there
     too (a bfloat16 copy on the chip), bfloat16 parameters and moments, LoRA of rank 16 on a
     bfloat16 base, half the pairs per device with twice the accumulation (the same pairs per
@@ -520,9 +520,13 @@ def alternatives(config: RewardConfig, devices: int) -> list[tuple[str, ...]]:
     out: list[tuple[str, ...]] = []
     if config.model.remat_policy not in ("full", "offload_attention"):
         out.append(("model.remat_policy=full",))
-    # Only a splash kernel names residuals to offload.
-    no_offload = remat_fallback("offload_attention", select_kernels(config.model.kernels, "tpu"))
-    if no_offload is None and config.model.remat_policy == "full":
+    # Only a splash kernel names residuals to offload, and with rewardax's flash kernels
+    # (`Kernels.flash`, a TPU's padded and packed rows) offloading needed more device memory
+    # than `full` (`kernels`' docstring): offered where splash runs the attention.
+    kernels = select_kernels(config.model.kernels, "tpu")
+    splash = kernels.flash is None or config.data.layout == "shared_prompt"
+    no_offload = remat_fallback("offload_attention", kernels)
+    if no_offload is None and splash and config.model.remat_policy == "full":
         out.append(("model.remat_policy=offload_attention",))
     dp, _, tp = config.mesh.resolve(devices)
     if dp > 1:

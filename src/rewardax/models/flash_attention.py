@@ -1,7 +1,7 @@
 """rewardax's own Pallas TPU flash attention: causal, within segments, grouped queries.
 
-Opt-in on a TPU for padded and packed rows (`Kernels.flash`; the tree mask and windows run
-splash): faster than splash there, not yet the default (`kernels` says why). Its first design (a grid over key tiles) ran slower than splash on a TPU v5e (16 x 2048
+A TPU's attention for padded and packed rows (`Kernels.flash`; the tree mask and windows run
+splash). Its first design (a grid over key tiles) ran slower than splash on a TPU v5e (16 x 2048
 of Qwen2.5-0.5B heads: forward 3.93 ms against 3.21, backward 6.09 against 5.25;
 benchmarks/README.md, 2026-12-07 sixth session). Compiled for a v5e on the CPU
 (`benchmarks/kernel_bundles.py`), the steps of both kernels and of splash are at the matrix
@@ -10,20 +10,23 @@ masked on the diagonal, the grid's steps, the tiles' DMAs). This design cuts tho
 
 - the forward keeps each row's keys and values in VMEM (fetched once per key/value head, as
   the query heads of a group follow one another in the grid) and loops, inside the kernel, over
-  the key chunks a query tile needs: no grid step and no DMA per tile pair;
+  the key chunks a query tile needs: no grid step and no DMA per tile pair; a tile's first
+  chunk sets its statistics (no zeroing);
 - the backward keeps the group's queries, output gradients and row statistics for the whole row
   in VMEM, with dq summed there in float32 across the key tiles; a key tile loops over the
   group's heads and the query chunks that see it, summing dk and dv in VMEM;
-- with 512 x 512 steps the diagonal wastes a quarter of the work, against half with splash's
-  1024 x 1024 tiles;
-- masks only where needed: the causal mask on the diagonal's chunks, the segment mask where a
+- a diagonal block runs as steps that leave out its all-masked upper right quarter, split again
+  down to halves of 256 (`_split_diagonal`): ~1/8 of a 1024 block computed for nothing, where
+  splash's 1024 x 1024 tiles compute half;
+- masks only where needed: the causal mask on the diagonal's steps, the segment mask where a
   step's two tiles hold more than one segment id (a table computed before the kernel and read
   as scalars), the forward's p·v in the inputs' dtype (splash's forward casts v to float32);
-- q is scaled inside the kernels (no float32 pass over q and dq around them).
+- the scale goes on the keys, once per row and key/value head in the forward and per key tile in
+  the backward, when it is a power of two (no rounding changes), else on q inside the kernels.
 
-On a v5e, 16 x 2048 of Qwen2.5-0.5B's heads: forward 2.48 ms, backward 4.33 (30.9% of the
-chip's peak for causal attention's products; splash 3.21 and 5.25, 25.3%; benchmarks/README.md,
-2026-12-07 seventh session).
+On a v5e, 16 x 2048 of Qwen2.5-0.5B's heads, tiles of 1024: forward 2.10 ms, backward 3.93
+(35.4% of the chip's peak for causal attention's products; splash 3.21 and 5.25, 25.3%;
+benchmarks/README.md, 2026-12-08).
 
 VMEM bounds the row length: the backward holds about 8 x G x T x 128 bytes twice (G query
 heads per key/value head), ~60 MiB for 7 heads at 4096 tokens; `vmem_bytes` says how much.
@@ -245,8 +248,9 @@ def _forward(q, k, v, seg, tiles: FlashTiles, interpret: bool, scale=1.0, ablate
     """o [N, H, T, D] and the log-sum-exp [N, H, 1, T] (float32) of softmax(scale q kᵀ) v. Each row's keys and values
     stay in VMEM: the grid runs over (row, query head, query tile of ``tiles.block_q``) and a
     query tile loops over the key chunks (``tiles.block_kv``) it needs inside the kernel.
-    ``ablate`` (benchmarks/attention_ablation.py; the result is then not attention): "no_mask",
-    "no_exp", "no_pv" leave that part out."""
+    ``ablate`` (benchmarks/attention_ablation.py): "no_mask", "no_exp", "no_pv" leave that part
+    out (the result is then not attention); "no_split", "split_128", "scale_queries" change
+    how the diagonal is split and where the scale goes (the same attention)."""
     bq, bc = tiles.block_q, tiles.block_kv
     n, h, t, d = q.shape
     groups = h // k.shape[1]
@@ -418,7 +422,8 @@ def _backward(
     whole row stay in VMEM, and each key tile loops over the group's query heads and the query
     chunks (``tiles.bwd_block_q``) that see it: dk and dv are summed in VMEM, dq in float32 in
     VMEM across the key tiles, written once in q's dtype. ``ablate``
-    (benchmarks/attention_ablation.py): "no_mask", "no_exp", "no_dq"."""
+    (benchmarks/attention_ablation.py): "no_mask", "no_exp", "no_dq", and as the forward's
+    "no_split", "split_128", "scale_queries"."""
     n, h, t, d = q.shape
     kv_heads = k.shape[1]
     groups = h // kv_heads

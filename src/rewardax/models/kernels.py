@@ -23,16 +23,17 @@ gradient accumulation the backward pass adds into the step's running sums by ref
 (`Kernels.accumulate_by_reference`: less memory there, more on XLA:CPU), and the layer loop runs
 over the layer indices (`Kernels.indexed_layers`: Qwen2.5-0.5B steps 5-9% shorter on a v5e).
 
-`Kernels.flash` (off by default) runs causal attention within segments through rewardax's own
-Pallas kernels (`flash_attention`: each row's keys and values, and in the backward the query
-group's rows, resident in VMEM, the loops over tiles inside the kernel) instead of splash; the
-tree mask and windows still run splash. On a v5e, 16 x 2048 of Qwen2.5-0.5B's heads: kernels
-6.81 ms against splash's 8.46, the whole call 7.70 against 10.94; in the model at `auto`'s
-settings 0.5B 57.9% MFU against 57.0% at 8 x 2048, SmolLM2-135M 43.4% against 41.1%,
-Qwen2.5-1.5B 64.5% against 63.7% (`benchmarks/tpu_bench.py --set attention` and `--set flash`,
-2026-12-07 seventh session). Not yet the default: compiled for a v5e (tests/test_plan.py), a
-step with remat offload_attention needed 6.6% more device memory with it than with remat full
-(splash: within 2%), unexplained so far.
+`Kernels.flash` (on a TPU) runs causal attention within segments through rewardax's own Pallas
+kernels (`flash_attention`: each row's keys and values, and in the backward the query group's
+rows, resident in VMEM, the loops over tiles inside the kernel, the diagonal's all-masked
+quarters left out) instead of splash; the tree mask, sliding windows and rows too long for the
+kernels' VMEM still run splash. On a v5e, 16 x 2048 of Qwen2.5-0.5B's heads
+(`benchmarks/attention_ablation.py`, 2026-12-08): kernels 2.10 + 3.92 ms (35.5% of peak) against
+splash's 8.46 ms (25.3%); through `splash_attention` as the model calls it 7.11 ms (30.0%)
+against 10.94 (19.5%, `benchmarks/tpu_bench.py --set attention`). Compiled for a v5e
+(tests/test_plan.py), remat offload_attention needs more device memory with flash than remat
+full (304.6 MB against 285.8 in the test's model: flash's full needs 31.6 MB less than splash's,
+its offload 9.8 MB more), so `plan` offers offloading only where splash runs.
 
 `auto` (the default) is `cpu` on the CPU backend, `pallas` on a TPU and `xla` elsewhere (GPUs).
 The splash kernel covers every layout: causal attention within segments (padding, packed rows,
@@ -67,11 +68,12 @@ AttentionImpl = Literal["cpu_blocked", "xla", "splash"]
 SPLASH_BLOCK = 1024
 SPLASH_KV_COMPUTE = 512
 # rewardax's flash kernels' tiles on a TPU (`flash_attention.FlashTiles`: forward query tile and
-# key chunk, backward query chunk and key tile), the fastest measured on a v5e
-# (benchmarks/attention_ablation.py, 2026-12-07 seventh session, 16 x 2048 of Qwen2.5-0.5B's
-# heads: forward 512 x 512 2.98 ms against 3.31 for 1024 x 512 and 3.32 for 256 x 512;
-# backward 512 x 512 5.46 ms against 6.06 for 512 x 1024 and 6.09 for 1024 x 512).
-FLASH_TILES = (512, 512, 512, 512)
+# key chunk, backward query chunk and key tile), the fastest measured on a v5e with the diagonal
+# split (benchmarks/attention_ablation.py, 2026-12-08, 16 x 2048 of Qwen2.5-0.5B's heads:
+# forward 1024 x 1024 2.10 ms against 2.19 for 512 x 512 and 2.51 for 1024 x 512; backward
+# 1024 x 1024 3.92 ms against 4.04 for 512 x 512). Rows that 1024 would pad more than 512 does
+# take 512 (`pallas_attention.flash_tiles`).
+FLASH_TILES = (1024, 1024, 1024, 1024)
 
 # The checkpoint name of the attention kernel's output and backward residuals
 # (remat policy "save_attention").
@@ -138,7 +140,8 @@ class Kernels:
         (`flash_attention`), which then run causal attention within segments (padded and
         packed rows) in splash's place: the tile fields above are splash's only. The branch
         mask, sliding windows and rows too long for the kernels' VMEM run splash whatever this
-        says. None (the default): splash. `FLASH_TILES`: the tiles measured fastest.
+        says. None: splash. `FLASH_TILES` on a TPU (the tiles measured fastest), None
+        elsewhere (interpret mode: tests choose it themselves).
     """
 
     name: str
@@ -204,6 +207,7 @@ def select_kernels(setting: str = "auto", backend: str | None = None) -> Kernels
         attention="splash",
         interpret=not tpu,
         rope_matmul=True,
+        flash=FLASH_TILES if tpu else None,
         **by_backend,
     )
 

@@ -51,6 +51,26 @@ def _fit(tile: int, length: int) -> int:
     return min(tile, _round_up(length, _LANES))
 
 
+# Flash tiles larger than this are halved for rows they would pad more (`flash_tiles`).
+_FLASH_TILE_FLOOR = 512
+
+
+def flash_tiles(tiles: FlashTiles | tuple[int, ...], length: int) -> FlashTiles:
+    """Flash tiles for rows of ``length`` tokens: each shrunk to a short row (`_fit`), and one
+    over 512 halved while the half pads the row less (rows of 1536 tokens get 512s, not 1024s
+    and 512 tokens of padding)."""
+
+    def fit(tile: int) -> int:
+        tile = _fit(tile, length)
+        while tile > _FLASH_TILE_FLOOR and (tile // 2) % _LANES == 0:
+            if _round_up(length, tile // 2) >= _round_up(length, tile):
+                break
+            tile //= 2
+        return tile
+
+    return FlashTiles(*(fit(b) for b in tiles))
+
+
 def splash_block_sizes(
     length: int,
     block_q: int,
@@ -186,12 +206,13 @@ def splash_attention(
       block_kv_compute, bwd_block_q, bwd_block_kv: see `splash_block_sizes`.
       interpret: run in Pallas' interpret mode (CPU tests).
       dense_residuals: what remat keeps of the kernel in 128-wide rows (`Kernels`).
-      flash: tiles (`flash_attention.FlashTiles`, each shrunk to the row as splash's are):
-        causal attention within segments runs rewardax's own kernel (`flash_attention`) with
-        them, and the block_* and fused_backward arguments are unused; None: splash. The branch
-        mask, sliding windows, heads wider than 128 and, on a TPU, rows too long for flash's VMEM
-        (`flash_attention.vmem_bytes`: a v5e's 128 MiB hold rows of ~7,500 tokens with 7 query
-        heads per key/value head) run splash whatever this says.
+      flash: tiles (`flash_attention.FlashTiles`, fitted to the row by `flash_tiles`):
+        causal attention within segments runs rewardax's own kernels (`flash_attention`) with
+        them, and the block_* and fused_backward arguments are unused; None: splash. On a TPU
+        the kernels hold whole rows in VMEM (`flash_attention.vmem_bytes`; with 7 query heads
+        per key/value head a v5e's 128 MiB hold ~6,000 tokens at tiles of 1024, ~7,900 at
+        512): longer rows take tiles of 512, then splash. The branch mask, sliding windows and
+        heads wider than 128 run splash whatever this says.
 
     Returns:
       [N, T, H, D] in q's dtype. float32 inputs run float32 products (the kernel's forward and
@@ -217,13 +238,23 @@ def splash_attention(
     tree = branch_ids is not None or sliding_window is not None
     # Flash takes heads of up to 128 (one lane row); wider ones, and the dynamic masks, run splash.
     if flash is not None and not tree and q.shape[-1] <= _LANES:
-        flash = FlashTiles(*(_fit(b, t) for b in flash))
+        flash = flash_tiles(flash, t)
     else:
         flash = None
     if flash is not None and not interpret and jax.default_backend() == "tpu":
-        # Rows too long for the kernel's VMEM (it holds whole rows) run splash.
-        need = vmem_bytes(h, k.shape[2], _round_up(t, math.lcm(*flash)), q.shape[-1], flash)
-        flash = flash if need <= pltpu.get_tpu_info().vmem_capacity_bytes else None
+        # The kernels hold whole rows in VMEM: rows too long for the tiles asked take tiles of
+        # 512 (their steps need less), then splash.
+        capacity = pltpu.get_tpu_info().vmem_capacity_bytes
+        smaller = flash_tiles(tuple(min(b, _FLASH_TILE_FLOOR) for b in flash), t)
+        flash = next(
+            (
+                tiles
+                for tiles in (flash, smaller)
+                if vmem_bytes(h, k.shape[2], _round_up(t, math.lcm(*tiles)), q.shape[-1], tiles)
+                <= capacity
+            ),
+            None,
+        )
     if flash is None:
         tiles = (sizes.block_q, sizes.block_kv, sizes.block_q_dkv, sizes.block_kv_dkv)
         # Scaled in float32 then rounded once; exact for head widths of 4**i (1/8 for 64).
