@@ -8,11 +8,11 @@ that the weight gradient reaches YNNPACK) and a query-blocked attention with a w
 bf16 projections took 1.79 ms where `mixed_matmuls` took 2.28 ms, and the blocked attention ran at
 ~12% of peak (issue 28). So:
 
-| setting  | projections               | attention                                          |
-|----------|---------------------------|----------------------------------------------------|
-| `cpu`    | `mixed_matmuls` (written) | `transformer.attend`, query blocks, written backward |
-| `xla`    | ``x @ w``, autodiff       | `xla_attention`: one einsum softmax, autodiff       |
-| `pallas` | ``x @ w``, autodiff       | `pallas_attention.splash_attention` (TPU kernel)    |
+| setting  | projections               | attention                                                    |
+|----------|---------------------------|--------------------------------------------------------------|
+| `cpu`    | `mixed_matmuls` (written) | `transformer.attend`, query blocks, written backward         |
+| `xla`    | ``x @ w``, autodiff       | `xla_attention`: one einsum softmax, autodiff                |
+| `pallas` | ``x @ w``, autodiff       | `pallas_attention.splash_attention`: flash kernels or splash |
 
 `pallas` also rotates RoPE's half-heads by a product with a [D, D] matrix (`Kernels.rope_matmul`):
 on a v5e the slices of the other form cost 9-12% of a step (benchmarks/README.md, 2026-12-07).
