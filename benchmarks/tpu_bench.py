@@ -405,6 +405,11 @@ def tile_fields(tiles: tuple[int, ...]) -> dict:
     )
 
 
+def flash_name(tiles: tuple[int, ...]) -> str:
+    """rewardax's flash kernels' tiles (`Kernels.flash`' order) -> "flash fwd 1024x1024 bwd ..."."""
+    return "flash fwd {}x{} bwd {}x{}".format(*tiles)
+
+
 def tile_name(k: Any) -> str:
     """`Kernels` (or its tile fields as a dict) -> "splash fwd 512x512/512 bwd 512x512 fused"."""
     get = k.get if isinstance(k, dict) else lambda f: getattr(k, f)
@@ -412,7 +417,7 @@ def tile_name(k: Any) -> str:
     bkvc = get("block_kv_compute") or bkv
     bbq, bbkv = get("bwd_block_q") or bq, get("bwd_block_kv") or bkv
     if isinstance(k, Kernels) and k.flash:  # rewardax's kernels
-        return "flash fwd {}x{} bwd {}x{}".format(*k.flash)
+        return flash_name(k.flash)
     fused = " fused" if get("fused_backward") else ""
     return f"splash fwd {bq}x{bkv}/{bkvc} bwd {bbq}x{bbkv}{fused}"
 
@@ -560,9 +565,9 @@ def attention_bench(rows: int, t: int, args, rec: Recorder) -> dict | None:
         sweep = (
             ATTENTION_FLASH_TILES if (rows, t) == ATTENTION_SHAPES[0] else ATTENTION_FLASH_TILES[:1]
         )
-        for bq, bk, bbq, bbk in [(128, 128, 128, 128)] if args.tiny else sweep:
-            impls[f"flash fwd {bq}x{bk} bwd {bbq}x{bbk}"] = (
-                lambda q, k, v, s, tiles=(bq, bk, bbq, bbk): splash_attention(
+        for flash_tiles in [(128, 128, 128, 128)] if args.tiny else sweep:
+            impls[flash_name(flash_tiles)] = (
+                lambda q, k, v, s, tiles=flash_tiles: splash_attention(
                     q, k, v, s, scale, interpret=interpret, flash=tiles
                 ),
                 seg,
